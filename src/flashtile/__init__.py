@@ -1,0 +1,20 @@
+"""flashtile: exact, IO-aware attention (FlashAttention) for PyTorch, written in Python.
+
+Importing flashtile queries no GPU and imports no Triton: the kernels load on first use.
+"""
+
+from .api import attention, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from .backends import backend_status
+from .reference import naive_attention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "attention",
+    "flash_attn_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "naive_attention",
+    "backend_status",
+    "__version__",
+]

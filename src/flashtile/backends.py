@@ -1,0 +1,75 @@
+"""Which implementation runs a call: the Triton kernels or the PyTorch reference.
+
+``FLASHTILE_BACKEND=auto|triton|reference`` (read at each call, default ``auto``):
+``auto`` picks ``triton`` for CUDA tensors when Triton is importable and
+``reference`` otherwise. ``triton`` on CPU tensors runs Triton's interpreter, which
+needs ``TRITON_INTERPRET=1`` in the environment before flashtile's kernels are first
+used. Nothing here touches a GPU driver at import time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+
+BACKENDS = ("auto", "triton", "reference")
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    name: str
+    available: bool
+    reason: str
+
+
+def _interpreter_requested() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def triton_status(device: torch.device | None = None) -> BackendStatus:
+    """Whether the Triton kernels can run on ``device`` (default: any CUDA GPU)."""
+    if importlib.util.find_spec("triton") is None:
+        return BackendStatus("triton", False, "the 'triton' package is not installed")
+    if device is not None and device.type == "cpu" or device is None and not torch.cuda.is_available():
+        if _interpreter_requested():
+            return BackendStatus("triton", True, "CPU tensors run in Triton's interpreter (TRITON_INTERPRET=1)")
+        return BackendStatus(
+            "triton", False, "no CUDA GPU for these tensors (set TRITON_INTERPRET=1 to run the kernels on the CPU)"
+        )
+    if device is not None and device.type != "cuda":
+        return BackendStatus("triton", False, f"Triton kernels need CUDA tensors, got device {device.type!r}")
+    return BackendStatus("triton", True, "CUDA GPU present")
+
+
+def backend_status() -> list[BackendStatus]:
+    """The state of every backend on this machine, with the reason when unavailable."""
+    return [
+        triton_status(),
+        BackendStatus("reference", True, "pure PyTorch; runs on any device"),
+    ]
+
+
+def requested_backend() -> str:
+    name = os.environ.get("FLASHTILE_BACKEND", "auto").strip().lower() or "auto"
+    if name not in BACKENDS:
+        raise ValueError(f"FLASHTILE_BACKEND: expected one of {', '.join(BACKENDS)}, got {name!r}")
+    return name
+
+
+def select_backend(device: torch.device, dtype: torch.dtype) -> str:
+    """Resolve ``FLASHTILE_BACKEND`` for tensors on ``device`` to 'triton' or 'reference'."""
+    name = requested_backend()
+    if name == "reference":
+        return "reference"
+    status = triton_status(device)
+    if name == "triton":
+        if not status.available:
+            raise RuntimeError(f"FLASHTILE_BACKEND=triton, but the Triton backend is unavailable: {status.reason}")
+        return "triton"
+    # auto: the kernels for CUDA tensors; float64 stays on the exact reference path.
+    if device.type == "cuda" and status.available and dtype != torch.float64:
+        return "triton"
+    return "reference"

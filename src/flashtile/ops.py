@@ -1,0 +1,130 @@
+"""The one attention core as ``torch.library`` custom ops, with fake impls and autograd.
+
+Every public face ends here. The ops take q/k/v in the caller's layout ('bshd' or
+'bhsd'), view them as (batch, heads, seqlen, headdim) without copying, and hand the
+views (any strides) to a backend. Outputs are allocated contiguous in the caller's
+layout. Because the ops have fake implementations and registered autograd,
+``torch.compile(fullgraph=True)`` traces through them without a graph break.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .masks import Band
+from .reference.tiled import tiled_attention_backward, tiled_attention_forward
+
+
+def _to_bhsd(t: Tensor, layout: str) -> Tensor:
+    return t.transpose(1, 2) if layout == "bshd" else t
+
+
+def _lse_shape(q: Tensor, layout: str) -> tuple[int, int, int]:
+    b, s, h = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bshd" else (q.shape[0], q.shape[2], q.shape[1])
+    return b, h, s
+
+
+def _lse_dtype(q: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("flashtile::attention_forward", mutates_args=())
+def attention_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: str,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    alibi_slopes: Optional[Tensor],
+    backend: str,
+    allow_tf32: bool,
+) -> tuple[Tensor, Tensor]:
+    """Returns out (q's shape and layout) and LSE (batch, heads_q, seqlen_q), natural log."""
+    band = Band(window_left, window_right)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    q_, k_, v_, out_ = (_to_bhsd(t, layout) for t in (q, k, v, out))
+    if backend == "triton":
+        from .kernels.launch import attention_forward_triton
+
+        lse = attention_forward_triton(q_, k_, v_, out_, softmax_scale, band, softcap, alibi_slopes, allow_tf32)
+    else:
+        _, lse = tiled_attention_forward(q_, k_, v_, softmax_scale, band, softcap, alibi_slopes, out=out_)
+    return out, lse
+
+
+@attention_forward.register_fake
+def _(q, k, v, layout, softmax_scale, window_left, window_right, softcap, alibi_slopes, backend, allow_tf32):
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(_lse_shape(q, layout), dtype=_lse_dtype(q), device=q.device)
+    return out, lse
+
+
+@torch.library.custom_op("flashtile::attention_backward", mutates_args=())
+def attention_backward(
+    dout: Tensor,
+    dlse: Optional[Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    layout: str,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    alibi_slopes: Optional[Tensor],
+    backend: str,
+    allow_tf32: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of q, k, v. ``dlse`` (may be None) is the gradient flowing into the LSE."""
+    band = Band(window_left, window_right)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    views = [_to_bhsd(t, layout) for t in (dout, q, k, v, out, dq, dk, dv)]
+    if backend == "triton":
+        from .kernels.launch import attention_backward_triton
+
+        attention_backward_triton(*views[:5], lse, dlse, softmax_scale, band, softcap, alibi_slopes, allow_tf32,
+                                  *views[5:])
+    else:
+        dout_, q_, k_, v_, out_, dq_, dk_, dv_ = views
+        # The LSE's gradient enters as a shift of D: dS = P ∘ (dP − (D − dLSE)).
+        tiled_attention_backward(dout_, q_, k_, v_, out_, lse, softmax_scale, band, softcap, alibi_slopes,
+                                 dlse=dlse, dq=dq_, dk=dk_, dv=dv_)
+    return dq, dk, dv
+
+
+@attention_backward.register_fake
+def _(dout, dlse, q, k, v, out, lse, layout, *args):
+    return torch.empty_like(q, memory_format=torch.contiguous_format), \
+        torch.empty_like(k, memory_format=torch.contiguous_format), \
+        torch.empty_like(v, memory_format=torch.contiguous_format)
+
+
+_NONDIFF_ARGS = ("layout", "softmax_scale", "window_left", "window_right", "softcap", "alibi_slopes", "backend",
+                 "allow_tf32")
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *options = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.options = options
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward(dout, dlse, q, k, v, out, lse, *ctx.options)
+    # No gradients for the options (layout, scale, window, softcap, slopes, backend, tf32).
+    return (dq, dk, dv) + (None,) * len(_NONDIFF_ARGS)
+
+
+torch.library.register_autograd("flashtile::attention_forward", _backward, setup_context=_setup_context)

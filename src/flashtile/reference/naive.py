@@ -1,0 +1,107 @@
+"""Standard attention, materialising S and P: the oracle every test compares with.
+
+This is the textbook computation::
+
+    S = Q Kᵀ · scale            (softcap, ALiBi, bias added, mask applied)
+    P = softmax(S)              (row-wise; fully masked rows give P = 0)
+    O = dropout(P) V
+
+with ``upcast=True`` it runs in float64, which is the truth for the numerical
+contract (see :mod:`flashtile.testing`). With ``upcast=False`` it runs in the input
+dtype and plays "standard attention" in the demo and in the tolerance rule.
+It needs O(seqlen_q · seqlen_k) memory per head, by design.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..masks import alibi_bias, band_mask, normalize_window
+
+
+def naive_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softmax_scale: float | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_mask: torch.Tensor | None = None,
+    upcast: bool = True,
+    layout: str = "bshd",
+    return_lse: bool = False,
+):
+    """Reference attention with every option of the public API.
+
+    Args:
+        q: (batch, seqlen_q, heads_q, headdim) for ``layout="bshd"`` or
+            (batch, heads_q, seqlen_q, headdim) for ``layout="bhsd"``.
+        k, v: the same with seqlen_k and heads_kv; heads_q % heads_kv == 0 (GQA/MQA:
+            query head h uses KV head h // (heads_q // heads_kv)).
+        causal, window_size: the band of :mod:`flashtile.masks` (bottom-right causal).
+        softmax_scale: defaults to 1/sqrt(headdim).
+        softcap: if > 0, scores become ``softcap * tanh(scores / softcap)`` (after
+            scaling, before ALiBi and bias), as in flash-attn.
+        alibi_slopes: (heads_q,) or (batch, heads_q); adds ``-slope * |i + sk - sq - j|``.
+        bias: additive bias broadcastable to (batch, heads_q, seqlen_q, seqlen_k).
+        dropout_p, dropout_mask: with dropout_p > 0, ``dropout_mask`` is the boolean
+            keep-mask broadcastable to (batch, heads_q, seqlen_q, seqlen_k); kept
+            probabilities are scaled by 1 / (1 - dropout_p). The LSE is not affected.
+        upcast: compute in float64 (the truth) instead of the input dtype.
+        return_lse: also return the row log-sum-exp, natural log,
+            (batch, heads_q, seqlen_q), float64 if upcast else float32.
+
+    Returns:
+        out in the input layout, float64 if ``upcast`` else q's dtype; and the LSE
+        when ``return_lse``. Fully masked rows give out = 0 and LSE = -inf.
+    """
+    if layout not in ("bshd", "bhsd"):
+        raise ValueError(f"layout: expected 'bshd' or 'bhsd', got {layout!r}")
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    batch, heads_q, seqlen_q, headdim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(headdim)
+    dtype = torch.float64 if upcast else q.dtype
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    if heads_kv != heads_q:  # the oracle may repeat K/V; the kernels never do
+        k = k.repeat_interleave(heads_q // heads_kv, dim=1)
+        v = v.repeat_interleave(heads_q // heads_kv, dim=1)
+
+    scores = torch.matmul(q, k.transpose(-1, -2)) * softmax_scale  # (B, H, Sq, Sk)
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(alibi_slopes.to(dtype), seqlen_q, seqlen_k)
+    if bias is not None:
+        scores = scores + bias.to(dtype)
+
+    allowed = band_mask(seqlen_q, seqlen_k, normalize_window(causal, window_size), q.device)
+    allowed = allowed.expand_as(scores)
+    row_has_keys = allowed.any(dim=-1, keepdim=True)
+    # Fully masked rows get finite dummy scores so that neither the forward nor the
+    # autograd backward of logsumexp sees (-inf) - (-inf); their P is zeroed below.
+    scores = torch.where(row_has_keys, scores.masked_fill(~allowed, float("-inf")), 0.0)
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    probs = torch.exp(scores - lse).masked_fill(~allowed, 0.0)
+    lse = lse.masked_fill(~row_has_keys, float("-inf")).squeeze(-1)
+
+    if dropout_p > 0.0:
+        if dropout_mask is None:
+            raise ValueError("dropout_mask: required when dropout_p > 0 (the oracle is deterministic)")
+        probs = probs * dropout_mask.to(dtype) / (1.0 - dropout_p)
+
+    out = torch.matmul(probs, v)  # (B, H, Sq, D)
+    if layout == "bshd":
+        out = out.transpose(1, 2)
+    if return_lse:
+        return out, (lse if upcast else lse.float())
+    return out

@@ -1,0 +1,229 @@
+"""The FlashAttention algorithm in plain PyTorch: the CPU backend and the teaching text.
+
+It computes exactly what :func:`flashtile.reference.naive_attention` computes, but
+never holds more than one (BLOCK_M × BLOCK_N) tile of scores per head:
+
+Forward (``_fwd``), for each query tile Q_i (BLOCK_M rows)::
+
+    m_i = -inf, l_i = 0, acc = 0                # running max, running sum, output
+    for each key/value tile K_j, V_j (BLOCK_N rows) inside Q_i's band:
+        S    = Q_i K_jᵀ · scale  (+ softcap, ALiBi, mask)
+        m_ij = max(m_i, rowmax(S))
+        P    = exp(S - m_ij)
+        l_i  = l_i · exp(m_i - m_ij) + rowsum(P)   # rescale the old sum ...
+        acc  = acc · exp(m_i - m_ij) + P V_j       # ... and the old output
+        m_i  = m_ij
+    O_i = acc / l_i,   LSE_i = m_i + log(l_i)
+
+Backward, from the saved LSE (no N×N buffer either)::
+
+    D = rowsum(dO ∘ O)                                       (_bwd_preprocess)
+    for each K_j, V_j tile:  for each Q_i tile in its band:  (_bwd_dkdv)
+        P = exp(S - LSE);  dP = dO Vᵀ;  dS = P ∘ (dP - D)
+        dV_j += Pᵀ dO_i;   dK_j += dSᵀ Q_i · scale
+    for each Q_i tile:       for each K_j tile in its band:  (_bwd_dq)
+        dQ_i += dS K_j · scale
+
+The Triton kernels in :mod:`flashtile.kernels` follow this text line by line, with
+the same names. Work is vectorised over batch and heads; grouped-query attention
+views the query heads as (heads_kv, group) so that K/V are never repeated.
+Extra memory is O(N·d + BLOCK_M·BLOCK_N) per head.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..masks import Band, key_range, query_range
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Like the kernels: low-precision inputs accumulate in float32; float64 stays.
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _group_heads(t: torch.Tensor, heads_kv: int) -> torch.Tensor:
+    """(B, Hq, S, ...) -> (B, Hkv, G, S, ...), a view: query heads grouped by KV head."""
+    return t.unflatten(1, (heads_kv, t.shape[1] // heads_kv))
+
+
+def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap, alibi):
+    """Scores of one tile, with every modifier and the mask applied.
+
+    q_tile: (B, Hkv, G, BLOCK_M, D); k_tile: (B, Hkv, 1, BLOCK_N, D).
+    Returns S (B, Hkv, G, BLOCK_M, BLOCK_N) with -inf where masked, and the
+    tanh of the softcap (needed by the backward) or None.
+    """
+    s = torch.matmul(q_tile, k_tile.transpose(-1, -2)) * softmax_scale
+    tanh = None
+    if softcap > 0:
+        tanh = torch.tanh(s / softcap)
+        s = softcap * tanh
+    # Positions of the tile's rows (bottom-right aligned) and columns.
+    rows = torch.arange(start_m, start_m + q_tile.shape[-2], device=s.device)[:, None] + (seqlen_k - seqlen_q)
+    cols = torch.arange(start_n, start_n + k_tile.shape[-2], device=s.device)[None, :]
+    if alibi is not None:  # alibi: (B or 1, Hkv, G, 1, 1) slopes
+        s = s - alibi * (rows - cols).abs().to(s.dtype)
+    allowed = torch.ones_like(rows, dtype=torch.bool) & torch.ones_like(cols, dtype=torch.bool)
+    if band.left >= 0:
+        allowed = allowed & (cols >= rows - band.left)
+    if band.right >= 0:
+        allowed = allowed & (cols <= rows + band.right)
+    return s.masked_fill(~allowed, float("-inf")), tanh
+
+
+def _aligned(lo: int, block: int) -> int:
+    # Tiles start on multiples of the block size, as the kernels' tiles do.
+    return lo - lo % block
+
+
+def _alibi_slopes_grouped(alibi_slopes, heads_kv, dtype):
+    if alibi_slopes is None:
+        return None
+    slopes = alibi_slopes if alibi_slopes.dim() == 2 else alibi_slopes[None]
+    return _group_heads(slopes.to(dtype), heads_kv)[..., None, None]
+
+
+def tiled_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    band: Band,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    BLOCK_M: int = 64,
+    BLOCK_N: int = 64,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tiled forward with the online softmax.
+
+    q: (B, Hq, Sq, D); k, v: (B, Hkv, Sk, D), any strides. ``out`` (B, Hq, Sq, D)
+    may be given to write into (e.g. a transposed view of a (B, Sq, Hq, D) buffer).
+    Returns out (q's dtype) and LSE (B, Hq, Sq), float32 (float64 for float64 input),
+    natural log, -inf on rows that see no key.
+    """
+    batch, heads_q, seqlen_q, headdim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    acc_dtype = _acc_dtype(q.dtype)
+    if out is None:
+        out = torch.empty_like(q)
+    lse = torch.empty(batch, heads_q, seqlen_q, dtype=acc_dtype, device=q.device)
+    q_g, out_g, lse_g = (_group_heads(t, heads_kv) for t in (q, out, lse))
+    k_g, v_g = k.unsqueeze(2), v.unsqueeze(2)  # (B, Hkv, 1, Sk, D): broadcast over the group
+    alibi = _alibi_slopes_grouped(alibi_slopes, heads_kv, acc_dtype)
+
+    for start_m in range(0, seqlen_q, BLOCK_M):
+        end_m = min(start_m + BLOCK_M, seqlen_q)
+        q_tile = q_g[..., start_m:end_m, :].to(acc_dtype)
+        m_i = torch.full(q_tile.shape[:-1], float("-inf"), dtype=acc_dtype, device=q.device)
+        l_i = torch.zeros_like(m_i)
+        acc = torch.zeros(q_tile.shape, dtype=acc_dtype, device=q.device)
+        lo, hi = key_range(start_m, end_m, seqlen_q, seqlen_k, band)
+        for start_n in range(_aligned(lo, BLOCK_N), hi, BLOCK_N):
+            end_n = min(start_n + BLOCK_N, seqlen_k)
+            k_tile = k_g[..., start_n:end_n, :].to(acc_dtype)
+            v_tile = v_g[..., start_n:end_n, :].to(acc_dtype)
+            s, _ = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap, alibi)
+            # -- update m_i and l_i (a row with nothing visible yet keeps m = -inf;
+            #    subtracting 0 instead of -inf keeps exp() from producing NaN)
+            m_ij = torch.maximum(m_i, s.amax(dim=-1))
+            m_safe = torch.where(m_ij == float("-inf"), 0.0, m_ij)
+            p = torch.exp(s - m_safe[..., None])
+            alpha = torch.exp(m_i - m_safe)
+            l_i = l_i * alpha + p.sum(dim=-1)
+            # -- rescale the output so far and add this tile's contribution
+            acc = acc * alpha[..., None] + torch.matmul(p, v_tile)
+            m_i = m_ij
+        # -- epilogue: normalise; rows that saw no key give 0 and LSE = -inf
+        seen = l_i > 0
+        out_g[..., start_m:end_m, :] = torch.where(seen[..., None], acc / torch.where(seen, l_i, 1.0)[..., None], 0.0)
+        lse_g[..., start_m:end_m] = torch.where(seen, m_i + torch.log(l_i), float("-inf"))
+    return out, lse
+
+
+def _probs_from_lse(s: torch.Tensor, lse_tile: torch.Tensor) -> torch.Tensor:
+    # P = exp(S - LSE). Rows with LSE = -inf saw no key: use +inf so that P = 0.
+    lse_safe = torch.where(lse_tile == float("-inf"), float("inf"), lse_tile)
+    return torch.exp(s - lse_safe[..., None])
+
+
+def tiled_attention_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    softmax_scale: float,
+    band: Band,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    BLOCK_M: int = 64,
+    BLOCK_N: int = 64,
+    dlse: torch.Tensor | None = None,
+    dq: torch.Tensor | None = None,
+    dk: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tiled backward recomputing P from the LSE; shapes as in the forward.
+
+    dout, out: (B, Hq, Sq, D); lse: (B, Hq, Sq). ``dlse`` (B, Hq, Sq), optional, is a
+    gradient flowing into the LSE itself: since dLSE_i/dS_ij = P_ij it only shifts D.
+    dq/dk/dv may be given to write into.
+    Returns dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D) in the inputs' dtype.
+    """
+    heads_kv, seqlen_q, seqlen_k = k.shape[1], q.shape[2], k.shape[2]
+    acc_dtype = _acc_dtype(q.dtype)
+    dq = torch.empty_like(q) if dq is None else dq
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+
+    # -- _bwd_preprocess: D = rowsum(dO ∘ O)
+    delta = (dout.to(acc_dtype) * out.to(acc_dtype)).sum(dim=-1)
+    if dlse is not None:
+        delta = delta - dlse.to(acc_dtype)
+    q_g, do_g, lse_g, delta_g, dq_g = (_group_heads(t, heads_kv) for t in (q, dout, lse, delta, dq))
+    k_g, v_g = k.unsqueeze(2), v.unsqueeze(2)
+    alibi = _alibi_slopes_grouped(alibi_slopes, heads_kv, acc_dtype)
+
+    def tile_grads(start_m, end_m, start_n, end_n):
+        """Recompute one tile: P and dS, (B, Hkv, G, BLOCK_M, BLOCK_N)."""
+        q_tile = q_g[..., start_m:end_m, :].to(acc_dtype)
+        do_tile = do_g[..., start_m:end_m, :].to(acc_dtype)
+        k_tile = k_g[..., start_n:end_n, :].to(acc_dtype)
+        v_tile = v_g[..., start_n:end_n, :].to(acc_dtype)
+        s, tanh = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap, alibi)
+        p = _probs_from_lse(s, lse_g[..., start_m:end_m].to(acc_dtype))
+        dp = torch.matmul(do_tile, v_tile.transpose(-1, -2))
+        ds = p * (dp - delta_g[..., start_m:end_m, None])
+        if tanh is not None:  # d(softcap·tanh(x/softcap))/dx = 1 - tanh²
+            ds = ds * (1.0 - tanh * tanh)
+        return q_tile, do_tile, k_tile, p, ds
+
+    # -- _bwd_dkdv: one K/V tile at a time, looping over the Q tiles that see it.
+    for start_n in range(0, seqlen_k, BLOCK_N):
+        end_n = min(start_n + BLOCK_N, seqlen_k)
+        dk_acc = torch.zeros(*k.shape[:2], end_n - start_n, k.shape[-1], dtype=acc_dtype, device=k.device)
+        dv_acc = torch.zeros_like(dk_acc)
+        lo, hi = query_range(start_n, end_n, seqlen_q, seqlen_k, band)
+        for start_m in range(_aligned(lo, BLOCK_M), hi, BLOCK_M):
+            end_m = min(start_m + BLOCK_M, seqlen_q)
+            q_tile, do_tile, _, p, ds = tile_grads(start_m, end_m, start_n, end_n)
+            # The query heads of a group share this K/V head: sum their contributions.
+            dv_acc += torch.matmul(p.transpose(-1, -2), do_tile).sum(dim=2)
+            dk_acc += torch.matmul(ds.transpose(-1, -2), q_tile).sum(dim=2) * softmax_scale
+        dk[:, :, start_n:end_n] = dk_acc
+        dv[:, :, start_n:end_n] = dv_acc
+
+    # -- _bwd_dq: one Q tile at a time, looping over the K/V tiles it sees.
+    for start_m in range(0, seqlen_q, BLOCK_M):
+        end_m = min(start_m + BLOCK_M, seqlen_q)
+        dq_acc = torch.zeros(*dq_g.shape[:3], end_m - start_m, q.shape[-1], dtype=acc_dtype, device=q.device)
+        lo, hi = key_range(start_m, end_m, seqlen_q, seqlen_k, band)
+        for start_n in range(_aligned(lo, BLOCK_N), hi, BLOCK_N):
+            end_n = min(start_n + BLOCK_N, seqlen_k)
+            _, _, k_tile, _, ds = tile_grads(start_m, end_m, start_n, end_n)
+            dq_acc += torch.matmul(ds, k_tile) * softmax_scale
+        dq_g[..., start_m:end_m, :] = dq_acc
+    return dq, dk, dv
