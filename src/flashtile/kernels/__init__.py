@@ -1,0 +1,1 @@
+"""Triton kernels (forward, backward) and their launchers; imported only when first used."""

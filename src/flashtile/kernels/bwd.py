@@ -1,0 +1,285 @@
+"""Backward kernels: P is recomputed tile by tile from the saved LSE; no atomics.
+
+- ``_bwd_preprocess``: D = rowsum(dO ∘ O) (minus the LSE's own gradient, if any).
+- ``_bwd_dkdv_kernel``: one program per (K/V tile, batch, KV head); it loops over the
+  query heads of its GQA group and their Q tiles, so dK and dV are each written once.
+- ``_bwd_dq_kernel``: one program per (Q tile, batch, query head), looping over K/V tiles.
+
+Every output element has exactly one writer, so the backward is bitwise deterministic.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import LOG2E, _band_mask, _key_tiles, _query_tiles, _scores_log2
+
+
+@triton.jit
+def _bwd_preprocess(
+    Out, DO, DLSE, Delta,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    num_heads_q, seqlen_q, num_m_blocks,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    block_m = pid % num_m_blocks
+    bh = pid // num_m_blocks
+    batch = bh // num_heads_q
+    head = bh % num_heads_q
+    offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    rows = offs_m[:, None].to(tl.int64)
+    o = tl.load(Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + rows * stride_om
+                + offs_d[None, :] * stride_od, mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh + rows * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=mask, other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, axis=1)
+    if HAS_DLSE:  # dLSE_i/dS_ij = P_ij, so a gradient into the LSE only shifts D
+        delta -= tl.load(DLSE + bh.to(tl.int64) * seqlen_q + offs_m, mask=offs_m < seqlen_q, other=0.0)
+    tl.store(Delta + bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _lse_log2(LSE_head, rows, seqlen_q):
+    # Base-2 LSE for P = exp2(s2 - lse2). Rows that saw no key (LSE = -inf) and rows
+    # past the end get +inf, so that their P is exactly 0 rather than NaN.
+    lse = tl.load(LSE_head + rows, mask=rows < seqlen_q, other=float("inf"))
+    return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+
+
+@triton.jit
+def _bwd_dkdv_inner(
+    dk, dv, k, v,
+    Q_head, DO_head, LSE_head, D_head, stride_qm, stride_qd, stride_dom, stride_dod,
+    start_lo, start_hi, offs_n, offs_d,
+    seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
+    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Accumulate dK, dV of one K/V tile over the Q tiles starting in [start_lo, start_hi).
+
+    Works in the transposed orientation (keys as rows), so that dV += Pᵀ dO and
+    dK += dSᵀ Q are plain products.
+    """
+    offs_m = tl.arange(0, BLOCK_M)
+    d_ok = offs_d < HEAD_DIM
+    qT_ptrs = Q_head + start_lo.to(tl.int64) * stride_qm + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd
+    do_ptrs = DO_head + start_lo.to(tl.int64) * stride_dom + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
+    for start_m in range(start_lo, start_hi, BLOCK_M):
+        rows = start_m + offs_m
+        if MASKED:
+            qT = tl.load(qT_ptrs, mask=d_ok[:, None] & (rows[None, :] < seqlen_q), other=0.0)
+        elif HEAD_DIM != HEAD_DIM_PADDED:
+            qT = tl.load(qT_ptrs, mask=d_ok[:, None], other=0.0)
+        else:
+            qT = tl.load(qT_ptrs)
+        lse2 = _lse_log2(LSE_head, rows, seqlen_q)
+        # -- recompute Pᵀ = exp2(Sᵀ - LSE) for this tile
+        qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
+        s2T, tanhT = _scores_log2(qkT, rows[None, :], offs_n[:, None], seqlen_q, seqlen_k, qk_scale, softcap,
+                                  alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
+        if MASKED:
+            visible = _band_mask(rows[None, :], offs_n[:, None], seqlen_q, seqlen_k, window_left, window_right,
+                                 HAS_LEFT, HAS_RIGHT)
+            s2T = tl.where(visible, s2T, float("-inf"))
+        pT = tl.exp2(s2T - lse2[None, :])
+        if MASKED:
+            do = tl.load(do_ptrs, mask=d_ok[None, :] & (rows[:, None] < seqlen_q), other=0.0)
+        elif HEAD_DIM != HEAD_DIM_PADDED:
+            do = tl.load(do_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            do = tl.load(do_ptrs)
+        # -- dV += Pᵀ dO
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        # -- dSᵀ = Pᵀ ∘ (dPᵀ - D), dK += dSᵀ Q
+        delta = tl.load(D_head + rows, mask=rows < seqlen_q, other=0.0)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        dsT = pT * (dpT - delta[None, :])
+        if HAS_SOFTCAP:  # through softcap·tanh(x / softcap): times 1 - tanh²
+            dsT = dsT * (1.0 - tanhT * tanhT)
+        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
+        qT_ptrs += BLOCK_M * stride_qm
+        do_ptrs += BLOCK_M * stride_dom
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, Delta, DK, DV, Alibi,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_ab, stride_ah,
+    num_heads_q, num_heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks,
+    softmax_scale, qk_scale, softcap, window_left, window_right,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    block_n = pid % num_n_blocks
+    bh = pid // num_n_blocks
+    batch = bh // num_heads_kv
+    head_kv = bh % num_heads_kv
+
+    n_lo = block_n * BLOCK_N
+    n_hi = tl.minimum(n_lo + BLOCK_N, seqlen_k)
+    offs_n = n_lo + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    kv_mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
+    cols = offs_n[:, None].to(tl.int64)
+    k = tl.load(K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh + cols * stride_kn
+                + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+    v = tl.load(V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh + cols * stride_vn
+                + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PADDED], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PADDED], dtype=tl.float32)
+
+    lo, full_lo, full_hi, hi = _query_tiles(n_lo, n_hi, seqlen_q, seqlen_k, window_left, window_right,
+                                            BLOCK_M, HAS_LEFT, HAS_RIGHT)
+    # The query heads of this KV head's group all contribute to the same dK, dV.
+    for g in range(0, group_size):
+        head = head_kv * group_size + g
+        Q_head = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+        DO_head = DO + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
+        row_base = (batch * num_heads_q + head).to(tl.int64) * seqlen_q
+        alibi_slope = 0.0
+        if HAS_ALIBI:
+            alibi_slope = tl.load(Alibi + batch * stride_ab + head * stride_ah)
+        dk, dv = _bwd_dkdv_inner(
+            dk, dv, k, v, Q_head, DO_head, LSE + row_base, Delta + row_base, stride_qm, stride_qd, stride_dom,
+            stride_dod, lo, full_lo, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+            window_left, window_right, BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+        dk, dv = _bwd_dkdv_inner(
+            dk, dv, k, v, Q_head, DO_head, LSE + row_base, Delta + row_base, stride_qm, stride_qd, stride_dom,
+            stride_dod, full_lo, full_hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+            window_left, window_right, BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+        dk, dv = _bwd_dkdv_inner(
+            dk, dv, k, v, Q_head, DO_head, LSE + row_base, Delta + row_base, stride_qm, stride_qd, stride_dom,
+            stride_dod, full_hi, hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+            window_left, window_right, BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+
+    dk *= softmax_scale
+    tl.store(DK + batch.to(tl.int64) * stride_dkb + head_kv.to(tl.int64) * stride_dkh + cols * stride_dkn
+             + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + batch.to(tl.int64) * stride_dvb + head_kv.to(tl.int64) * stride_dvh + cols * stride_dvn
+             + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _bwd_dq_inner(
+    dq, q, do, lse2, delta,
+    K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+    start_lo, start_hi, offs_m, offs_d,
+    seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Accumulate dQ of one Q tile over the K/V tiles starting in [start_lo, start_hi)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < HEAD_DIM
+    kT_ptrs = K_head + start_lo.to(tl.int64) * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    vT_ptrs = V_head + start_lo.to(tl.int64) * stride_vn + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
+    for start_n in range(start_lo, start_hi, BLOCK_N):
+        cols = start_n + offs_n
+        if MASKED:
+            kv_mask = d_ok[:, None] & (cols[None, :] < seqlen_k)
+            kT = tl.load(kT_ptrs, mask=kv_mask, other=0.0)
+            vT = tl.load(vT_ptrs, mask=kv_mask, other=0.0)
+        elif HEAD_DIM != HEAD_DIM_PADDED:
+            kT = tl.load(kT_ptrs, mask=d_ok[:, None], other=0.0)
+            vT = tl.load(vT_ptrs, mask=d_ok[:, None], other=0.0)
+        else:
+            kT = tl.load(kT_ptrs)
+            vT = tl.load(vT_ptrs)
+        # -- recompute P = exp2(S - LSE)
+        qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
+        s2, tanh = _scores_log2(qk, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, qk_scale, softcap,
+                                alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
+        if MASKED:
+            visible = _band_mask(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, window_left, window_right,
+                                 HAS_LEFT, HAS_RIGHT)
+            s2 = tl.where(visible, s2, float("-inf"))
+        p = tl.exp2(s2 - lse2[:, None])
+        # -- dS = P ∘ (dP - D), dQ += dS K
+        dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - tanh * tanh)
+        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
+        kT_ptrs += BLOCK_N * stride_kn
+        vT_ptrs += BLOCK_N * stride_vn
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DO, LSE, Delta, DQ, Alibi,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    stride_ab, stride_ah,
+    num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks,
+    softmax_scale, qk_scale, softcap, window_left, window_right,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    block_m = pid % num_m_blocks
+    if HAS_RIGHT:
+        block_m = num_m_blocks - 1 - block_m
+    bh = pid // num_m_blocks
+    batch = bh // num_heads_q
+    head = bh % num_heads_q
+    head_kv = head // group_size
+
+    m_lo = block_m * BLOCK_M
+    m_hi = tl.minimum(m_lo + BLOCK_M, seqlen_q)
+    offs_m = m_lo + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    rows = offs_m[:, None].to(tl.int64)
+    q = tl.load(Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + rows * stride_qm
+                + offs_d[None, :] * stride_qd, mask=mask, other=0.0)
+    do = tl.load(DO + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh + rows * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
+    row_base = bh.to(tl.int64) * seqlen_q
+    lse2 = _lse_log2(LSE + row_base, offs_m, seqlen_q)
+    delta = tl.load(Delta + row_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
+    alibi_slope = 0.0
+    if HAS_ALIBI:
+        alibi_slope = tl.load(Alibi + batch * stride_ab + head * stride_ah)
+    K_head = K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh
+    V_head = V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh
+    dq = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
+
+    lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
+                                          BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    dq = _bwd_dq_inner(
+        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd, lo, full_lo,
+        offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+    dq = _bwd_dq_inner(
+        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd, full_lo, full_hi,
+        offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+    dq = _bwd_dq_inner(
+        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd, full_hi, hi,
+        offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+    dq *= softmax_scale
+    tl.store(DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh + rows * stride_dqm
+             + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=mask)

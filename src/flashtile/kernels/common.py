@@ -1,0 +1,112 @@
+"""Small ``@triton.jit`` helpers shared by the forward and backward kernels.
+
+Scores inside the kernels live in the base-2 domain: ``s2 = S · log2(e)``, so that
+the softmax uses ``exp2``. The helpers take position tensors already broadcast to
+the tile's orientation (``[:, None]``/``[None, :]`` in the forward and dQ kernels,
+the transpose in the dK/dV kernel), so one helper serves both.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _tanh(x):
+    # tanh(x) = 1 - 2 / (exp(2x) + 1): saturates cleanly to ±1 for large |x|,
+    # and uses only exp2 (Triton has no portable tanh that also runs in the interpreter).
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def _scores_log2(qk, q_pos, k_pos, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """Raw dot products -> base-2 scores, with softcap and ALiBi applied.
+
+    qk_scale is softmax_scale·log2(e) without softcap, softmax_scale/softcap with it.
+    Returns (s2, tanh) where tanh is the softcap's tanh (needed by the backward; the
+    scores themselves when there is no softcap, unused then).
+    """
+    if HAS_SOFTCAP:
+        tanh = _tanh(qk * qk_scale)
+        s2 = tanh * (softcap * LOG2E)
+    else:
+        tanh = qk
+        s2 = qk * qk_scale
+    if HAS_ALIBI:
+        # -slope·|i + seqlen_k - seqlen_q - j|, in base 2
+        distance = tl.abs(q_pos + (seqlen_k - seqlen_q) - k_pos).to(tl.float32)
+        s2 = s2 - (alibi_slope * LOG2E) * distance
+    return s2, tanh
+
+
+@triton.jit
+def _band_mask(q_pos, k_pos, seqlen_q, seqlen_k, window_left, window_right,
+               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """True where query q_pos may see key k_pos (bottom-right aligned band, in bounds)."""
+    shifted_q = q_pos + (seqlen_k - seqlen_q)
+    mask = (q_pos < seqlen_q) & (k_pos < seqlen_k)
+    if HAS_LEFT:
+        mask = mask & (k_pos >= shifted_q - window_left)
+    if HAS_RIGHT:
+        mask = mask & (k_pos <= shifted_q + window_right)
+    return mask
+
+
+@triton.jit
+def _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
+               BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """K/V tiles a Q tile [m_lo, m_hi) visits, as three ranges of tile starts.
+
+    [lo, full_lo) and [full_hi, hi) need masking; every tile in [full_lo, full_hi)
+    is inside the band for every row and inside seqlen_k, so it needs no mask.
+    Tiles outside [lo, hi) are never visited (above the causal diagonal, outside the window).
+    """
+    offset = seqlen_k - seqlen_q
+    if HAS_LEFT:
+        lo = tl.maximum(m_lo + offset - window_left, 0)
+        full_lo = tl.cdiv(tl.maximum(m_hi - 1 + offset - window_left, 0), BLOCK_N) * BLOCK_N
+    else:
+        lo = tl.full([], 0, tl.int32)
+        full_lo = lo
+    lo = lo // BLOCK_N * BLOCK_N
+    full_lo = tl.maximum(full_lo, lo)
+    if HAS_RIGHT:
+        hi = tl.minimum(m_hi + offset + window_right, seqlen_k)
+        full_hi = tl.minimum(tl.maximum(m_lo + offset + window_right + 1, 0), seqlen_k) // BLOCK_N * BLOCK_N
+    else:
+        hi = seqlen_k
+        full_hi = seqlen_k // BLOCK_N * BLOCK_N
+    hi = tl.maximum(hi, lo)
+    full_hi = tl.maximum(full_hi, full_lo)
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = tl.minimum(full_hi, tl.maximum(hi, full_lo))
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _query_tiles(n_lo, n_hi, seqlen_q, seqlen_k, window_left, window_right,
+                 BLOCK_M: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Q tiles that see the K/V tile [n_lo, n_hi), as in :func:`_key_tiles` with roles swapped."""
+    offset = seqlen_k - seqlen_q
+    if HAS_RIGHT:  # key j is seen by rows i >= j - offset - window_right
+        lo = tl.maximum(n_lo - offset - window_right, 0)
+        full_lo = tl.cdiv(tl.maximum(n_hi - 1 - offset - window_right, 0), BLOCK_M) * BLOCK_M
+    else:
+        lo = tl.full([], 0, tl.int32)
+        full_lo = lo
+    lo = lo // BLOCK_M * BLOCK_M
+    full_lo = tl.maximum(full_lo, lo)
+    if HAS_LEFT:  # ... and by rows i <= j - offset + window_left
+        hi = tl.minimum(n_hi - offset + window_left, seqlen_q)
+        full_hi = tl.minimum(tl.maximum(n_lo - offset + window_left + 1, 0), seqlen_q) // BLOCK_M * BLOCK_M
+    else:
+        hi = seqlen_q
+        full_hi = seqlen_q // BLOCK_M * BLOCK_M
+    hi = tl.maximum(hi, lo)
+    full_hi = tl.maximum(full_hi, full_lo)
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = tl.minimum(full_hi, tl.maximum(hi, full_lo))
+    return lo, full_lo, full_hi, hi

@@ -1,0 +1,119 @@
+"""Launch configurations: tile sizes, warps and pipeline stages per problem and GPU.
+
+A config is chosen from (padded head dim, dtype, causal, GPU generation), then its
+pipeline depth is trimmed until the shared-memory estimate fits the device's limit
+(read from the device, never assumed). Under Triton's interpreter there is exactly
+one small config: it runs on the CPU, where only correctness matters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int
+    num_stages: int
+
+
+INTERPRETER_CONFIG = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
+
+# Set by :func:`override` (tuning scripts, experiments); None means "use the table".
+_override: dict = {"forward": None, "backward": None}
+
+
+@contextlib.contextmanager
+def override(forward: KernelConfig | None = None, backward: tuple[KernelConfig, KernelConfig] | None = None):
+    """Force the configs inside a ``with`` block (tuning sweeps); ``backward`` is (dkdv, dq)."""
+    saved = dict(_override)
+    _override.update(forward=forward, backward=backward)
+    try:
+        yield
+    finally:
+        _override.update(saved)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+@functools.lru_cache(maxsize=None)
+def device_limits(device_index: int) -> tuple[tuple[int, int], int]:
+    """(compute capability, max shared memory per block in bytes) of a CUDA device."""
+    props = torch.cuda.get_device_properties(device_index)
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or 101376
+    return (props.major, props.minor), smem
+
+
+def _smem_bytes(cfg: KernelConfig, head_dim: int, elem: int, streams_keys: bool, resident_tiles: int) -> int:
+    # Each pipeline stage buffers the two streamed tiles (K and V in the forward and dQ
+    # kernels, Q and dO in the dK/dV kernel); the resident tiles are staged once.
+    streamed_rows, resident_rows = (cfg.BLOCK_N, cfg.BLOCK_M) if streams_keys else (cfg.BLOCK_M, cfg.BLOCK_N)
+    return (cfg.num_stages * 2 * streamed_rows + resident_tiles * resident_rows) * head_dim * elem
+
+
+def _fit(cfg: KernelConfig, head_dim: int, elem: int, smem_limit: int, streams_keys: bool = True,
+         resident_tiles: int = 2) -> KernelConfig:
+    """Trim the pipeline depth until the shared-memory estimate fits the device."""
+    while cfg.num_stages > 1 and _smem_bytes(cfg, head_dim, elem, streams_keys, resident_tiles) > smem_limit:
+        cfg = KernelConfig(cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages - 1)
+    return cfg
+
+
+def forward_config(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device,
+                   seqlen_q: int = 4096) -> KernelConfig:
+    """Config of ``_fwd_kernel``; head_dim is the padded (power-of-two) head dim."""
+    if _override["forward"] is not None:
+        return _override["forward"]
+    if interpreting() or device.type != "cuda":
+        return INTERPRETER_CONFIG
+    (major, _), smem = device_limits(device.index if device.index is not None else torch.cuda.current_device())
+    elem = 4 if dtype == torch.float32 else 2
+    if dtype == torch.float32:
+        cfg = KernelConfig(64, 32 if head_dim > 64 else 64, 4, 2)
+    elif major >= 9:  # Hopper: large tiles keep the tensor cores fed
+        # Measured on the H200 (benchmarks/tune_configs.py, docs/performance.md): at
+        # short sequences small tiles give more programs and a finer causal diagonal.
+        if head_dim <= 64:
+            cfg = KernelConfig(64, 64, 4, 3) if seqlen_q <= 2048 else KernelConfig(128, 128, 8, 3)
+        elif head_dim <= 128:
+            cfg = KernelConfig(128, 128, 8, 3)
+        else:
+            cfg = KernelConfig(128, 64, 8, 2)
+    elif major >= 8:
+        cfg = KernelConfig(128, 64, 4, 3) if head_dim <= 64 else KernelConfig(128, 32 if head_dim > 128 else 64, 8, 2)
+    else:
+        cfg = KernelConfig(64, 32, 4, 2)
+    return _fit(cfg, head_dim, elem, smem, resident_tiles=1)  # only Q stays resident
+
+
+def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool,
+                     device: torch.device) -> tuple[KernelConfig, KernelConfig]:
+    """Configs of ``_bwd_dkdv_kernel`` and ``_bwd_dq_kernel`` (they stream different tiles)."""
+    if _override["backward"] is not None:
+        return _override["backward"]
+    if interpreting() or device.type != "cuda":
+        return INTERPRETER_CONFIG, INTERPRETER_CONFIG
+    (major, _), smem = device_limits(device.index if device.index is not None else torch.cuda.current_device())
+    elem = 4 if dtype == torch.float32 else 2
+    if dtype == torch.float32:
+        dkdv = dq = KernelConfig(32, 32, 4, 1)
+    elif major >= 9:
+        # Measured on the H200 (benchmarks/tune_configs.py, docs/performance.md).
+        if head_dim <= 64:
+            dkdv, dq = KernelConfig(32, 128, 4, 3), KernelConfig(128, 64, 4, 3)
+        elif head_dim <= 128:
+            dkdv, dq = KernelConfig(64, 128, 8, 3), KernelConfig(128, 64, 8, 3)
+        else:
+            dkdv = dq = KernelConfig(32, 64, 4, 1)
+    else:
+        dkdv = dq = KernelConfig(64, 64, 4, 2) if head_dim <= 64 else KernelConfig(32, 64, 4, 1)
+    return _fit(dkdv, head_dim, elem, smem, streams_keys=False), _fit(dq, head_dim, elem, smem)

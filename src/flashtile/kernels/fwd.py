@@ -1,0 +1,149 @@
+"""Forward kernel: one program per (Q tile, batch, query head).
+
+The Q tile stays in registers/shared memory while the program walks the K/V tiles
+of its band with an online softmax (see reference/tiled.py for the same algorithm
+in PyTorch). Only O and the LSE are written: nothing N×N ever reaches HBM.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import LN2, _band_mask, _key_tiles, _scores_log2
+
+
+@triton.jit
+def _attn_fwd_inner(
+    acc, l_i, m_i, q,
+    K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+    start_lo, start_hi, offs_m, offs_n, offs_d,
+    seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Visit K/V tiles starting in [start_lo, start_hi); returns the updated (acc, l_i, m_i).
+
+    MASKED tiles straddle the band's edge or the end of the keys and pay for the mask;
+    the others are known to be fully visible and skip it.
+    """
+    # 64-bit start offset; within a tile the offsets are small.
+    kT_ptrs = K_head + start_lo.to(tl.int64) * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    v_ptrs = V_head + start_lo.to(tl.int64) * stride_vn + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(start_lo, start_hi, BLOCK_N):
+        cols = start_n + offs_n
+        # -- load K (transposed) and compute the raw scores
+        if MASKED:
+            kT = tl.load(kT_ptrs, mask=d_ok[:, None] & (cols[None, :] < seqlen_k), other=0.0)
+        elif HEAD_DIM != HEAD_DIM_PADDED:
+            kT = tl.load(kT_ptrs, mask=d_ok[:, None], other=0.0)
+        else:
+            kT = tl.load(kT_ptrs)
+        qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
+        s2, _ = _scores_log2(qk, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, qk_scale, softcap,
+                             alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
+        if MASKED:
+            visible = _band_mask(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, window_left, window_right,
+                                 HAS_LEFT, HAS_RIGHT)
+            s2 = tl.where(visible, s2, float("-inf"))
+        # -- update m_i and l_i; a row that has seen nothing yet keeps m = -inf, and
+        #    subtracting 0 instead keeps exp2 away from (-inf) - (-inf) = NaN
+        m_ij = tl.maximum(m_i, tl.max(s2, 1))
+        m_safe = m_ij
+        if MASKED:
+            m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+        p = tl.exp2(s2 - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # -- rescale the output so far and add this tile's P·V
+        if MASKED:
+            v = tl.load(v_ptrs, mask=d_ok[None, :] & (cols[:, None] < seqlen_k), other=0.0)
+        elif HEAD_DIM != HEAD_DIM_PADDED:
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_ij
+        kT_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_kernel(
+    Q, K, V, Out, LSE, Alibi,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_ab, stride_ah,
+    num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks,
+    qk_scale, softcap, window_left, window_right,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # A 1-D grid (Q tiles fastest, so the tiles of one head run together and share
+    # K/V in L2) has no 65535 limit on batch × heads.
+    pid = tl.program_id(0)
+    block_m = pid % num_m_blocks
+    if HAS_RIGHT:  # causal-like: the longest rows first, so the tail of the grid is short
+        block_m = num_m_blocks - 1 - block_m
+    bh = pid // num_m_blocks
+    batch = bh // num_heads_q
+    head = bh % num_heads_q
+    head_kv = head // group_size  # GQA: K/V are shared, never repeated in memory
+
+    Q_head = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+    K_head = K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh
+    V_head = V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh
+    O_head = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+
+    m_lo = block_m * BLOCK_M
+    m_hi = tl.minimum(m_lo + BLOCK_M, seqlen_q)
+    offs_m = m_lo + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    row_ok = offs_m < seqlen_q
+    d_ok = offs_d < HEAD_DIM
+
+    q_ptrs = Q_head + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    alibi_slope = 0.0
+    if HAS_ALIBI:
+        alibi_slope = tl.load(Alibi + batch * stride_ab + head * stride_ah)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
+
+    lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
+                                          BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    # Tiles on the band's left edge, then the unmasked middle, then the right edge
+    # (the causal diagonal) and the ragged end of the keys.
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        lo, full_lo, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+        window_left, window_right, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        full_lo, full_hi, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+        window_left, window_right, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        full_hi, hi, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+        window_left, window_right, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+
+    # -- epilogue: normalise; rows that saw no key give O = 0 and LSE = -inf
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    tl.store(LSE + bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=row_ok)
+    o_ptrs = O_head + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])

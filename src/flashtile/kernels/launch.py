@@ -1,0 +1,141 @@
+"""Launchers: choose configs, allocate scratch, compute grids, call the kernels.
+
+Tensors arrive as (batch, heads, seqlen, headdim) views with any strides (the last
+one is 1); nothing is copied. Grids are 1-D (tiles × batch × heads), so batch ×
+heads may exceed 65535; base offsets are 64-bit inside the kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from ..masks import Band
+from .bwd import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
+from .configs import backward_configs, forward_config
+from .fwd import _fwd_kernel
+
+LOG2E = 1.4426950408889634
+
+
+def _padded_head_dim(head_dim: int) -> int:
+    # tl.dot needs at least 16 along every dimension; tiles are powers of two.
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
+    if dtype == torch.float32:
+        return "tf32" if allow_tf32 else "ieee"
+    return "ieee"  # ignored for 16-bit inputs
+
+
+def _qk_scale(softmax_scale: float, softcap: float) -> float:
+    # With softcap the kernels compute tanh(qk · scale / softcap); without, qk · scale · log2(e).
+    return softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E
+
+
+def _alibi_args(alibi_slopes: torch.Tensor | None, q: torch.Tensor):
+    if alibi_slopes is None:
+        return q, 0, 0  # a dummy pointer: never read when HAS_ALIBI is False
+    if alibi_slopes.dim() == 1:
+        return alibi_slopes, 0, alibi_slopes.stride(0)
+    return alibi_slopes, alibi_slopes.stride(0), alibi_slopes.stride(1)
+
+
+def _launch_args(cfg) -> dict:
+    return dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def attention_forward_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    softmax_scale: float,
+    band: Band,
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    allow_tf32: bool,
+) -> torch.Tensor:
+    """Run ``_fwd_kernel``. q/out: (B, Hq, Sq, D), k/v: (B, Hkv, Sk, D). Returns LSE (B, Hq, Sq) float32."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    head_dim_padded = _padded_head_dim(head_dim)
+    cfg = forward_config(head_dim_padded, q.dtype, band.right >= 0, q.device, seqlen_q)
+    lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
+    alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, q)
+    num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
+    grid = (num_m_blocks * batch * heads_q,)
+    _fwd_kernel[grid](
+        q, k, v, out, lse, alibi,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_ab, stride_ah,
+        heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
+        _qk_scale(softmax_scale, softcap), float(softcap), max(band.left, 0), max(band.right, 0),
+        HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+        HAS_LEFT=band.left >= 0, HAS_RIGHT=band.right >= 0, HAS_SOFTCAP=softcap > 0,
+        HAS_ALIBI=alibi_slopes is not None, DOT_PRECISION=_dot_precision(q.dtype, allow_tf32),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return lse
+
+
+def attention_backward_triton(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dlse: torch.Tensor | None,
+    softmax_scale: float,
+    band: Band,
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    allow_tf32: bool,
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+) -> None:
+    """Run the three backward kernels, writing dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D)."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    head_dim_padded = _padded_head_dim(head_dim)
+    cfg_dkdv, cfg_dq = backward_configs(head_dim_padded, q.dtype, band.right >= 0, q.device)
+    lse = lse.contiguous()
+    delta = torch.empty_like(lse)
+    if dlse is not None:
+        dlse = dlse.contiguous()
+    alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, q)
+    common = dict(
+        HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left >= 0, HAS_RIGHT=band.right >= 0,
+        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        DOT_PRECISION=_dot_precision(q.dtype, allow_tf32),
+    )
+    window = (max(band.left, 0), max(band.right, 0))
+    qk_scale = _qk_scale(softmax_scale, softcap)
+
+    pre_block = 64
+    num_m_pre = triton.cdiv(seqlen_q, pre_block)
+    _bwd_preprocess[(num_m_pre * batch * heads_q,)](
+        out, dout, dlse if dlse is not None else delta, delta, *out.stride(), *dout.stride(),
+        heads_q, seqlen_q, num_m_pre,
+        HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, BLOCK_M=pre_block, HAS_DLSE=dlse is not None,
+    )
+    num_n_blocks = triton.cdiv(seqlen_k, cfg_dkdv.BLOCK_N)
+    _bwd_dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
+        q, k, v, dout, lse, delta, dk, dv, alibi,
+        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), stride_ab, stride_ah,
+        heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks,
+        softmax_scale, qk_scale, float(softcap), *window, **common, **_launch_args(cfg_dkdv),
+    )
+    num_m_blocks = triton.cdiv(seqlen_q, cfg_dq.BLOCK_M)
+    _bwd_dq_kernel[(num_m_blocks * batch * heads_q,)](
+        q, k, v, dout, lse, delta, dq, alibi,
+        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(), stride_ab, stride_ah,
+        heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
+        softmax_scale, qk_scale, float(softcap), *window, **common, **_launch_args(cfg_dq),
+    )
