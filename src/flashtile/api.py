@@ -103,7 +103,7 @@ def flash_attn_func(
     """
     del deterministic  # always deterministic
     out, lse = attention(
-        q, k, v, causal=causal, window_size=tuple(window_size), softmax_scale=softmax_scale, softcap=softcap,
+        q, k, v, causal=causal, window_size=window_size, softmax_scale=softmax_scale, softcap=softcap,
         alibi_slopes=alibi_slopes, dropout_p=dropout_p, return_lse=True,
     )
     return (out, lse, None) if return_attn_probs else out

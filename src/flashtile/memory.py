@@ -48,12 +48,15 @@ class _StorageCounter(TorchDispatchMode):
                 out = func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args, **kwargs)
         else:
             out = func(*args, **kwargs)
+        # A view (or in-place result) of an argument allocates nothing new.
+        input_storages = {id(a.untyped_storage()) for a in tree_flatten((args, kwargs))[0]
+                          if isinstance(a, torch.Tensor) and a.device.type == "cpu"}
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
                 continue
             storage = t.untyped_storage()
             key, nbytes = id(storage), storage.nbytes()
-            if key in self._seen or nbytes == 0:
+            if key in self._seen or key in input_storages or nbytes == 0:
                 continue
             self._seen.add(key)
             self.live += nbytes
