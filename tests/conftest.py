@@ -1,0 +1,50 @@
+"""Suite-wide setup: Triton's interpreter on CPU-only machines, markers, seeding.
+
+``import torch`` does not import Triton, so torch can tell us whether a GPU is
+visible before anything imports Triton; Triton reads ``TRITON_INTERPRET`` when
+its kernels are decorated (flashtile loads them on first use), so setting it here
+is early enough.
+"""
+
+import os
+import sys
+import zlib
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+assert "triton" not in sys.modules or HAS_CUDA or os.environ.get("TRITON_INTERPRET") == "1", (
+    "triton was imported before tests/conftest.py could set TRITON_INTERPRET=1"
+)
+
+import pytest  # noqa: E402
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_slow = pytest.mark.skip(reason="slow: pass --runslow to run it")
+    skip_gpu = pytest.mark.skip(reason="gpu: needs a CUDA GPU (torch.cuda.is_available() is False here)")
+    for item in items:
+        if "slow" in item.keywords and not config.getoption("--runslow"):
+            item.add_marker(skip_slow)
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def seed(request) -> int:
+    """Seed torch from the test's node id: fresh inputs per test, same inputs per rerun."""
+    value = zlib.crc32(request.node.nodeid.encode())
+    torch.manual_seed(value)
+    return value
+
+
+@pytest.fixture
+def reference_backend(monkeypatch):
+    """Pin the PyTorch reference backend, whatever the caller's environment says."""
+    monkeypatch.setenv("FLASHTILE_BACKEND", "reference")
