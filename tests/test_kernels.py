@@ -218,11 +218,9 @@ def test_gpu_torch_compile_fullgraph_inductor():
     model = Block()
     q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
-    explanation = torch._dynamo.explain(model)(q, k, v)
-    assert explanation.graph_break_count == 0, f"graph breaks: {explanation.break_reasons}"
     eager = model(q, k, v)
     eager_grads = torch.autograd.grad(eager.float().square().sum(), (q, k, v))
-    compiled = torch.compile(model, fullgraph=True)(q, k, v)
+    compiled = torch.compile(model, fullgraph=True)(q, k, v)  # fullgraph: any graph break raises
     compiled_grads = torch.autograd.grad(compiled.float().square().sum(), (q, k, v))
     assert max_error(compiled, eager) < 2e-2  # bf16 linear layers may fuse differently
     for a, b in zip(compiled_grads, eager_grads):

@@ -17,6 +17,10 @@ import torch
 
 BACKENDS = ("auto", "triton", "reference")
 
+# Looked up once, without importing Triton: a lookup inside a call would be a graph
+# break under torch.compile (Dynamo does not trace importlib).
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
 
 @dataclass(frozen=True)
 class BackendStatus:
@@ -31,7 +35,7 @@ def _interpreter_requested() -> bool:
 
 def triton_status(device: torch.device | None = None) -> BackendStatus:
     """Whether the Triton kernels can run on ``device`` (default: any CUDA GPU)."""
-    if importlib.util.find_spec("triton") is None:
+    if not _TRITON_INSTALLED:
         return BackendStatus("triton", False, "the 'triton' package is not installed")
     if device is not None and device.type == "cpu" or device is None and not torch.cuda.is_available():
         if _interpreter_requested():
