@@ -8,6 +8,7 @@ cannot do bfloat16 arithmetic). The ``gpu`` tests run the full grid on a CUDA GP
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 import torch
@@ -72,6 +73,8 @@ def check_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, headdim, dtype, *, 
 INTERPRETER_CASES = [
     # batch, sq, sk, hq, hkv, d, options
     (1, 1, 1, 1, 1, 16, {}),
+    (1, 9, 9, 1, 1, 1, {"causal": True}),  # head dims below 16 are padded to the 16 tl.dot needs
+    (1, 20, 12, 2, 2, 8, {}),
     (2, 17, 17, 2, 2, 40, {"causal": True}),
     (1, 113, 17, 2, 1, 32, {"causal": True}),
     (1, 17, 113, 4, 2, 64, {"causal": True, "layout": "bhsd"}),
@@ -98,6 +101,18 @@ def test_fully_masked_rows_are_zero_not_nan():
     assert torch.all(out[:, :15] == 0) and torch.all(lse[:, :, :15] == float("-inf"))
     assert torch.isfinite(out).all() and torch.isfinite(q.grad).all() and torch.all(q.grad[:, :15] == 0)
     assert torch.isfinite(k.grad).all() and torch.isfinite(v.grad).all()
+
+
+def test_flash_attn_faces_on_the_kernels():
+    qkv = torch.randn(2, 19, 3, 2, 32, device=DEVICE, requires_grad=True)
+    out, lse, probs = flashtile.flash_attn_qkvpacked_func(qkv, causal=True, return_attn_probs=True)
+    assert probs is None and lse.shape == (2, 2, 19)
+    out.sum().backward()
+    q2, k2, v2 = (qkv[:, :, i].detach().double().requires_grad_() for i in range(3))
+    ref = flashtile.naive_attention(q2, k2, v2, causal=True)
+    ref.sum().backward()
+    assert max_error(out, ref) < 1e-5
+    assert max_error(qkv.grad, torch.stack([q2.grad, k2.grad, v2.grad], dim=2)) < 1e-4
 
 
 def test_lse_gradient_flows():
@@ -236,3 +251,14 @@ def test_gpu_opcheck():
     result = torch.library.opcheck(torch.ops.flashtile.attention_forward.default, args)
     failed = {test: status for test, status in result.items() if status != "SUCCESS"}
     assert not failed, f"opcheck failed: {failed}"
+
+
+@pytest.mark.gpu
+def test_gpu_autotune_writes_cache_and_stays_correct(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLASHTILE_AUTOTUNE", "1")
+    monkeypatch.setenv("FLASHTILE_CACHE_DIR", str(tmp_path))
+    check_case(1, 700, 900, 4, 2, 64, torch.bfloat16, causal=True)
+    files = list(tmp_path.glob("autotune-*.json"))
+    assert len(files) == 1, f"expected one cache file per GPU, got {files}"
+    table = json.loads(files[0].read_text())
+    assert {key.split("-")[0] for key in table} == {"fwd", "dkdv", "dq"}, table

@@ -13,6 +13,7 @@ import torch
 import triton
 
 from ..masks import Band
+from . import autotune
 from .bwd import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
 from .configs import backward_configs, forward_config
 from .fwd import _fwd_kernel
@@ -44,6 +45,15 @@ def _alibi_args(alibi_slopes: torch.Tensor | None, q: torch.Tensor):
     return alibi_slopes, alibi_slopes.stride(0), alibi_slopes.stride(1)
 
 
+def _maybe_autotune(kind, table_cfg, q, head_dim_padded, causal, seqlen, launch):
+    """The table's config, or with FLASHTILE_AUTOTUNE=1 the fastest measured one (cached on disk)."""
+    if not autotune.enabled() or q.device.type != "cuda":
+        return table_cfg
+    key = (f"{kind}-d{head_dim_padded}-{str(q.dtype).removeprefix('torch.')}-{'causal' if causal else 'full'}"
+           f"-n{autotune.seqlen_bucket(seqlen)}")
+    return autotune.tuner_for(q.device).choose(key, autotune.candidates(kind, table_cfg), launch)
+
+
 def _launch_args(cfg) -> dict:
     return dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -63,21 +73,24 @@ def attention_forward_triton(
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     head_dim_padded = _padded_head_dim(head_dim)
-    cfg = forward_config(head_dim_padded, q.dtype, band.right >= 0, q.device, seqlen_q)
+    causal_like = band.right >= 0  # causal or a right window: the diagonal-heavy configs
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
     alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, q)
-    num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
-    grid = (num_m_blocks * batch * heads_q,)
-    _fwd_kernel[grid](
-        q, k, v, out, lse, alibi,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_ab, stride_ah,
-        heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
-        _qk_scale(softmax_scale, softcap), float(softcap), max(band.left, 0), max(band.right, 0),
-        HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-        HAS_LEFT=band.left >= 0, HAS_RIGHT=band.right >= 0, HAS_SOFTCAP=softcap > 0,
-        HAS_ALIBI=alibi_slopes is not None, DOT_PRECISION=_dot_precision(q.dtype, allow_tf32),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+
+    def launch(cfg):
+        num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
+        _fwd_kernel[(num_m_blocks * batch * heads_q,)](
+            q, k, v, out, lse, alibi,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_ab, stride_ah,
+            heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
+            _qk_scale(softmax_scale, softcap), float(softcap), max(band.left, 0), max(band.right, 0),
+            HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left >= 0, HAS_RIGHT=causal_like,
+            HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+            DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), **_launch_args(cfg),
+        )
+
+    cfg = forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q)
+    launch(_maybe_autotune("fwd", cfg, q, head_dim_padded, causal_like, seqlen_q, launch))
     return lse
 
 
@@ -125,17 +138,25 @@ def attention_backward_triton(
         heads_q, seqlen_q, num_m_pre,
         HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, BLOCK_M=pre_block, HAS_DLSE=dlse is not None,
     )
-    num_n_blocks = triton.cdiv(seqlen_k, cfg_dkdv.BLOCK_N)
-    _bwd_dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
-        q, k, v, dout, lse, delta, dk, dv, alibi,
-        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), stride_ab, stride_ah,
-        heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks,
-        softmax_scale, qk_scale, float(softcap), *window, **common, **_launch_args(cfg_dkdv),
-    )
-    num_m_blocks = triton.cdiv(seqlen_q, cfg_dq.BLOCK_M)
-    _bwd_dq_kernel[(num_m_blocks * batch * heads_q,)](
-        q, k, v, dout, lse, delta, dq, alibi,
-        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(), stride_ab, stride_ah,
-        heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
-        softmax_scale, qk_scale, float(softcap), *window, **common, **_launch_args(cfg_dq),
-    )
+
+    def launch_dkdv(cfg):
+        num_n_blocks = triton.cdiv(seqlen_k, cfg.BLOCK_N)
+        _bwd_dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
+            q, k, v, dout, lse, delta, dk, dv, alibi,
+            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), stride_ab, stride_ah,
+            heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks,
+            softmax_scale, qk_scale, float(softcap), *window, **common, **_launch_args(cfg),
+        )
+
+    def launch_dq(cfg):
+        num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
+        _bwd_dq_kernel[(num_m_blocks * batch * heads_q,)](
+            q, k, v, dout, lse, delta, dq, alibi,
+            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(), stride_ab, stride_ah,
+            heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
+            softmax_scale, qk_scale, float(softcap), *window, **common, **_launch_args(cfg),
+        )
+
+    causal_like = band.right >= 0  # causal or a right window: the diagonal-heavy configs
+    launch_dkdv(_maybe_autotune("dkdv", cfg_dkdv, q, head_dim_padded, causal_like, seqlen_k, launch_dkdv))
+    launch_dq(_maybe_autotune("dq", cfg_dq, q, head_dim_padded, causal_like, seqlen_q, launch_dq))

@@ -47,10 +47,12 @@ def _group_heads(t: torch.Tensor, heads_kv: int) -> torch.Tensor:
     return t.unflatten(1, (heads_kv, t.shape[1] // heads_kv))
 
 
-def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap, alibi):
+def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap, alibi,
+                bias_tile=None):
     """Scores of one tile, with every modifier and the mask applied.
 
-    q_tile: (B, Hkv, G, BLOCK_M, D); k_tile: (B, Hkv, 1, BLOCK_N, D).
+    q_tile: (B, Hkv, G, BLOCK_M, D); k_tile: (B, Hkv, 1, BLOCK_N, D); bias_tile
+    broadcastable to (B, Hkv, G, BLOCK_M, BLOCK_N).
     Returns S (B, Hkv, G, BLOCK_M, BLOCK_N) with -inf where masked, and the
     tanh of the softcap (needed by the backward) or None.
     """
@@ -64,6 +66,8 @@ def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_sc
     cols = torch.arange(start_n, start_n + k_tile.shape[-2], device=s.device)[None, :]
     if alibi is not None:  # alibi: (B or 1, Hkv, G, 1, 1) slopes
         s = s - alibi * (rows - cols).abs().to(s.dtype)
+    if bias_tile is not None:
+        s = s + bias_tile.to(s.dtype)
     allowed = torch.ones_like(rows, dtype=torch.bool) & torch.ones_like(cols, dtype=torch.bool)
     if band.left >= 0:
         allowed = allowed & (cols >= rows - band.left)
@@ -75,6 +79,22 @@ def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_sc
 def _aligned(lo: int, block: int) -> int:
     # Tiles start on multiples of the block size, as the kernels' tiles do.
     return lo - lo % block
+
+
+def _group_bias(bias: torch.Tensor | None, heads_q: int, heads_kv: int) -> torch.Tensor | None:
+    """A bias broadcastable to (B, Hq, Sq, Sk) as a (B|1, Hkv|1, G|1, Sq|1, Sk|1) view."""
+    if bias is None:
+        return None
+    b = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    return _group_heads(b, heads_kv) if b.shape[1] == heads_q else b.unsqueeze(2)
+
+
+def _bias_tile(bias_g, start_m, end_m, start_n, end_n):
+    if bias_g is None:
+        return None
+    rows = slice(start_m, end_m) if bias_g.shape[-2] > 1 else slice(None)
+    cols = slice(start_n, end_n) if bias_g.shape[-1] > 1 else slice(None)
+    return bias_g[..., rows, cols]
 
 
 def _alibi_slopes_grouped(alibi_slopes, heads_kv, dtype):
@@ -95,11 +115,13 @@ def tiled_attention_forward(
     BLOCK_M: int = 64,
     BLOCK_N: int = 64,
     out: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tiled forward with the online softmax.
 
     q: (B, Hq, Sq, D); k, v: (B, Hkv, Sk, D), any strides. ``out`` (B, Hq, Sq, D)
     may be given to write into (e.g. a transposed view of a (B, Sq, Hq, D) buffer).
+    ``bias``: additive, broadcastable to (B, Hq, Sq, Sk), added after softcap and ALiBi.
     Returns out (q's dtype) and LSE (B, Hq, Sq), float32 (float64 for float64 input),
     natural log, -inf on rows that see no key.
     """
@@ -112,6 +134,7 @@ def tiled_attention_forward(
     q_g, out_g, lse_g = (_group_heads(t, heads_kv) for t in (q, out, lse))
     k_g, v_g = k.unsqueeze(2), v.unsqueeze(2)  # (B, Hkv, 1, Sk, D): broadcast over the group
     alibi = _alibi_slopes_grouped(alibi_slopes, heads_kv, acc_dtype)
+    bias_g = _group_bias(bias, heads_q, heads_kv)
 
     for start_m in range(0, seqlen_q, BLOCK_M):
         end_m = min(start_m + BLOCK_M, seqlen_q)
@@ -124,7 +147,8 @@ def tiled_attention_forward(
             end_n = min(start_n + BLOCK_N, seqlen_k)
             k_tile = k_g[..., start_n:end_n, :].to(acc_dtype)
             v_tile = v_g[..., start_n:end_n, :].to(acc_dtype)
-            s, _ = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap, alibi)
+            s, _ = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap, alibi,
+                               _bias_tile(bias_g, start_m, end_m, start_n, end_n))
             # -- update m_i and l_i (a row with nothing visible yet keeps m = -inf;
             #    subtracting 0 instead of -inf keeps exp() from producing NaN)
             m_ij = torch.maximum(m_i, s.amax(dim=-1))
@@ -165,15 +189,18 @@ def tiled_attention_backward(
     dq: torch.Tensor | None = None,
     dk: torch.Tensor | None = None,
     dv: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    dbias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tiled backward recomputing P from the LSE; shapes as in the forward.
 
     dout, out: (B, Hq, Sq, D); lse: (B, Hq, Sq). ``dlse`` (B, Hq, Sq), optional, is a
     gradient flowing into the LSE itself: since dLSE_i/dS_ij = P_ij it only shifts D.
-    dq/dk/dv may be given to write into.
+    dq/dk/dv may be given to write into. With ``bias``, a zero-filled ``dbias`` of the
+    bias's shape, if given, receives the bias gradient (dS summed over broadcast dims).
     Returns dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D) in the inputs' dtype.
     """
-    heads_kv, seqlen_q, seqlen_k = k.shape[1], q.shape[2], k.shape[2]
+    heads_q, heads_kv, seqlen_q, seqlen_k = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
     acc_dtype = _acc_dtype(q.dtype)
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
@@ -186,20 +213,24 @@ def tiled_attention_backward(
     q_g, do_g, lse_g, delta_g, dq_g = (_group_heads(t, heads_kv) for t in (q, dout, lse, delta, dq))
     k_g, v_g = k.unsqueeze(2), v.unsqueeze(2)
     alibi = _alibi_slopes_grouped(alibi_slopes, heads_kv, acc_dtype)
+    bias_g, dbias_g = _group_bias(bias, heads_q, heads_kv), _group_bias(dbias, heads_q, heads_kv)
 
     def tile_grads(start_m, end_m, start_n, end_n):
-        """Recompute one tile: P and dS, (B, Hkv, G, BLOCK_M, BLOCK_N)."""
+        """Recompute one tile: P, dS with respect to the scores, and dS with respect to
+        Q Kᵀ · scale (they differ by the softcap's tanh), (B, Hkv, G, BLOCK_M, BLOCK_N)."""
         q_tile = q_g[..., start_m:end_m, :].to(acc_dtype)
         do_tile = do_g[..., start_m:end_m, :].to(acc_dtype)
         k_tile = k_g[..., start_n:end_n, :].to(acc_dtype)
         v_tile = v_g[..., start_n:end_n, :].to(acc_dtype)
-        s, tanh = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap, alibi)
+        s, tanh = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap,
+                              alibi, _bias_tile(bias_g, start_m, end_m, start_n, end_n))
         p = _probs_from_lse(s, lse_g[..., start_m:end_m].to(acc_dtype))
         dp = torch.matmul(do_tile, v_tile.transpose(-1, -2))
-        ds = p * (dp - delta_g[..., start_m:end_m, None])
+        ds_scores = p * (dp - delta_g[..., start_m:end_m, None])
+        ds = ds_scores
         if tanh is not None:  # d(softcap·tanh(x/softcap))/dx = 1 - tanh²
             ds = ds * (1.0 - tanh * tanh)
-        return q_tile, do_tile, k_tile, p, ds
+        return q_tile, do_tile, k_tile, p, ds, ds_scores
 
     # -- _bwd_dkdv: one K/V tile at a time, looping over the Q tiles that see it.
     for start_n in range(0, seqlen_k, BLOCK_N):
@@ -209,7 +240,7 @@ def tiled_attention_backward(
         lo, hi = query_range(start_n, end_n, seqlen_q, seqlen_k, band)
         for start_m in range(_aligned(lo, BLOCK_M), hi, BLOCK_M):
             end_m = min(start_m + BLOCK_M, seqlen_q)
-            q_tile, do_tile, _, p, ds = tile_grads(start_m, end_m, start_n, end_n)
+            q_tile, do_tile, _, p, ds, _ = tile_grads(start_m, end_m, start_n, end_n)
             # The query heads of a group share this K/V head: sum their contributions.
             dv_acc += torch.matmul(p.transpose(-1, -2), do_tile).sum(dim=2)
             dk_acc += torch.matmul(ds.transpose(-1, -2), q_tile).sum(dim=2) * softmax_scale
@@ -223,7 +254,10 @@ def tiled_attention_backward(
         lo, hi = key_range(start_m, end_m, seqlen_q, seqlen_k, band)
         for start_n in range(_aligned(lo, BLOCK_N), hi, BLOCK_N):
             end_n = min(start_n + BLOCK_N, seqlen_k)
-            _, _, k_tile, _, ds = tile_grads(start_m, end_m, start_n, end_n)
+            _, _, k_tile, _, ds, ds_scores = tile_grads(start_m, end_m, start_n, end_n)
             dq_acc += torch.matmul(ds, k_tile) * softmax_scale
+            if dbias_g is not None:  # each (Q tile, K tile) pair is visited once here
+                dbias_tile = _bias_tile(dbias_g, start_m, end_m, start_n, end_n)
+                dbias_tile += ds_scores.sum_to_size(dbias_tile.shape).to(dbias_tile.dtype)
         dq_g[..., start_m:end_m, :] = dq_acc
     return dq, dk, dv
