@@ -200,18 +200,24 @@ def test_dropout_p_wrong_type(qkv, p):
         attention(*qkv, dropout_p=p)
 
 
-@pytest.mark.parametrize("face", ["attention", "flash_attn_func", "qkvpacked", "kvpacked"])
-def test_dropout_not_implemented(face):
+@pytest.mark.parametrize("seed", [-1, 2**63, 1.5, True, "7"])
+def test_dropout_seed_invalid(seed):
     q = torch.randn(1, 8, 2, 16)
-    with pytest.raises(NotImplementedError, match=r"^dropout_p: attention dropout is not implemented"):
-        if face == "attention":
-            attention(q, q, q, dropout_p=0.1)
-        elif face == "flash_attn_func":
-            flash_attn_func(q, q, q, dropout_p=0.1)
-        elif face == "qkvpacked":
-            flash_attn_qkvpacked_func(torch.randn(1, 8, 3, 2, 16), dropout_p=0.1)
-        else:
-            flash_attn_kvpacked_func(q, torch.randn(1, 8, 2, 2, 16), dropout_p=0.1)
+    with pytest.raises(ValueError, match=r"^dropout_seed: expected an int"):
+        attention(q, q, q, dropout_p=0.1, dropout_seed=seed)
+
+
+@pytest.mark.parametrize("bias,match", [
+    (torch.randn(1, 2, 8, 9), r"^bias: expected a shape broadcastable"),  # seqlen_k is 8
+    (torch.randn(3, 2, 8, 8), r"^bias: expected a shape broadcastable"),  # batch is 1
+    (torch.randn(1, 1, 1, 8, 8), r"^bias: expected a shape broadcastable"),  # 5-d
+    (torch.ones(8, 8, dtype=torch.int32), r"^bias: expected a floating-point"),
+    ("0", r"^bias: expected a torch.Tensor"),
+])
+def test_bias_invalid(bias, match):
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises((TypeError, ValueError), match=match):
+        attention(q, q, q, bias=bias)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float64, torch.bfloat16])

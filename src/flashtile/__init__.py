@@ -6,6 +6,7 @@ Importing flashtile queries no GPU and imports no Triton: the kernels load on fi
 from .api import attention, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from .backends import backend_status
 from .reference import naive_attention
+from .reference.philox import dropout_keep_mask
 
 __version__ = "0.1.0"
 
@@ -15,6 +16,7 @@ __all__ = [
     "flash_attn_qkvpacked_func",
     "flash_attn_kvpacked_func",
     "naive_attention",
+    "dropout_keep_mask",
     "backend_status",
     "__version__",
 ]

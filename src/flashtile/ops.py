@@ -27,6 +27,11 @@ def _lse_shape(q: Tensor, layout: str) -> tuple[int, int, int]:
     return b, h, s
 
 
+def _seed_value(seed: Optional[Tensor]) -> int:
+    # The reference backend draws its Philox numbers on the host: it needs the seed as an int.
+    return int(seed.item()) if seed is not None else 0
+
+
 def _lse_dtype(q: Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
@@ -44,22 +49,31 @@ def attention_forward(
     alibi_slopes: Optional[Tensor],
     backend: str,
     allow_tf32: bool,
+    bias: Optional[Tensor],
+    dropout_p: float,
+    dropout_seed: Optional[Tensor],
 ) -> tuple[Tensor, Tensor]:
-    """Returns out (q's shape and layout) and LSE (batch, heads_q, seqlen_q), natural log."""
+    """Returns out (q's shape and layout) and LSE (batch, heads_q, seqlen_q), natural log.
+
+    ``bias`` is indexed (batch, heads_q, seqlen_q, seqlen_k) whatever the layout.
+    """
     band = Band(window_left, window_right)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     q_, k_, v_, out_ = (_to_bhsd(t, layout) for t in (q, k, v, out))
     if backend == "triton":
         from .kernels.launch import attention_forward_triton
 
-        lse = attention_forward_triton(q_, k_, v_, out_, softmax_scale, band, softcap, alibi_slopes, allow_tf32)
+        lse = attention_forward_triton(q_, k_, v_, out_, softmax_scale, band, softcap, alibi_slopes, allow_tf32,
+                                       bias=bias, dropout_p=dropout_p, dropout_seed=dropout_seed)
     else:
-        _, lse = tiled_attention_forward(q_, k_, v_, softmax_scale, band, softcap, alibi_slopes, out=out_)
+        _, lse = tiled_attention_forward(q_, k_, v_, softmax_scale, band, softcap, alibi_slopes, out=out_, bias=bias,
+                                         dropout_p=dropout_p, dropout_seed=_seed_value(dropout_seed))
     return out, lse
 
 
 @attention_forward.register_fake
-def _(q, k, v, layout, softmax_scale, window_left, window_right, softcap, alibi_slopes, backend, allow_tf32):
+def _(q, k, v, layout, softmax_scale, window_left, window_right, softcap, alibi_slopes, backend, allow_tf32, bias,
+      dropout_p, dropout_seed):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, layout), dtype=_lse_dtype(q), device=q.device)
     return out, lse
@@ -82,8 +96,15 @@ def attention_backward(
     alibi_slopes: Optional[Tensor],
     backend: str,
     allow_tf32: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of q, k, v. ``dlse`` (may be None) is the gradient flowing into the LSE."""
+    bias: Optional[Tensor],
+    dropout_p: float,
+    dropout_seed: Optional[Tensor],
+    bias_requires_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of q, k, v and the bias (an empty tensor unless ``bias_requires_grad``).
+
+    ``dlse`` (may be None) is the gradient flowing into the LSE.
+    """
     band = Band(window_left, window_right)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -92,39 +113,49 @@ def attention_backward(
     if backend == "triton":
         from .kernels.launch import attention_backward_triton
 
-        attention_backward_triton(*views[:5], lse, dlse, softmax_scale, band, softcap, alibi_slopes, allow_tf32,
-                                  *views[5:])
+        dbias = attention_backward_triton(
+            *views[:5], lse, dlse, softmax_scale, band, softcap, alibi_slopes, allow_tf32, *views[5:], bias=bias,
+            dropout_p=dropout_p, dropout_seed=dropout_seed, bias_requires_grad=bias_requires_grad)
     else:
         dout_, q_, k_, v_, out_, dq_, dk_, dv_ = views
+        dbias = torch.zeros(bias.shape, dtype=torch.float32, device=q.device) if bias_requires_grad else None
         # The LSE's gradient enters as a shift of D: dS = P ∘ (dP − (D − dLSE)).
         tiled_attention_backward(dout_, q_, k_, v_, out_, lse, softmax_scale, band, softcap, alibi_slopes,
-                                 dlse=dlse, dq=dq_, dk=dk_, dv=dv_)
-    return dq, dk, dv
+                                 dlse=dlse, dq=dq_, dk=dk_, dv=dv_, bias=bias, dbias=dbias, dropout_p=dropout_p,
+                                 dropout_seed=_seed_value(dropout_seed))
+    if dbias is None:
+        return dq, dk, dv, q.new_empty(0)
+    return dq, dk, dv, dbias.to(bias.dtype)
 
 
 @attention_backward.register_fake
-def _(dout, dlse, q, k, v, out, lse, layout, *args):
-    return torch.empty_like(q, memory_format=torch.contiguous_format), \
-        torch.empty_like(k, memory_format=torch.contiguous_format), \
-        torch.empty_like(v, memory_format=torch.contiguous_format)
+def _(dout, dlse, q, k, v, out, lse, layout, softmax_scale, window_left, window_right, softcap, alibi_slopes, backend,
+      allow_tf32, bias, dropout_p, dropout_seed, bias_requires_grad):
+    dbias = torch.empty(bias.shape, dtype=bias.dtype, device=q.device) if bias_requires_grad else q.new_empty(0)
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format), dbias)
 
 
-_NONDIFF_ARGS = ("layout", "softmax_scale", "window_left", "window_right", "softcap", "alibi_slopes", "backend",
-                 "allow_tf32")
+_BIAS_INPUT = 11  # position of ``bias`` among attention_forward's inputs
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, *options = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.options = options
+    bias = inputs[_BIAS_INPUT]
+    ctx.save_for_backward(q, k, v, out, lse, bias)
+    ctx.options = options[:-3]  # layout … allow_tf32
+    ctx.dropout = options[-2:]  # dropout_p, dropout_seed
+    ctx.bias_requires_grad = bias is not None and ctx.needs_input_grad[_BIAS_INPUT]
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = attention_backward(dout, dlse, q, k, v, out, lse, *ctx.options)
-    # No gradients for the options (layout, scale, window, softcap, slopes, backend, tf32).
-    return (dq, dk, dv) + (None,) * len(_NONDIFF_ARGS)
+    q, k, v, out, lse, bias = ctx.saved_tensors
+    dq, dk, dv, dbias = attention_backward(dout, dlse, q, k, v, out, lse, *ctx.options, bias, *ctx.dropout,
+                                           ctx.bias_requires_grad)
+    # No gradients for the options (layout, scale, window, softcap, slopes, backend, tf32, dropout).
+    return (dq, dk, dv) + (None,) * 8 + (dbias if ctx.bias_requires_grad else None, None, None)
 
 
 torch.library.register_autograd("flashtile::attention_forward", _backward, setup_context=_setup_context)

@@ -107,6 +107,21 @@ def check_options(
     return float(softmax_scale)
 
 
+def check_bias(bias, full_shape: tuple[int, int, int, int], device: torch.device) -> None:
+    """An additive bias must broadcast to (batch, heads_q, seqlen_q, seqlen_k)."""
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias: expected a torch.Tensor or None, got {type(bias).__name__}")
+    if not bias.is_floating_point():
+        raise TypeError(f"bias: expected a floating-point tensor, got {bias.dtype}")
+    if bias.device != device:
+        raise ValueError(f"bias: expected device {device} (the device of q), got {bias.device}")
+    if bias.dim() > 4 or any(b not in (1, f) for b, f in zip(bias.shape[::-1], full_shape[::-1])):
+        raise ValueError(f"bias: expected a shape broadcastable to (batch, heads_q, seqlen_q, seqlen_k) = "
+                         f"{full_shape}, got {tuple(bias.shape)}")
+
+
 def check_backend_limits(backend: str, dtype: torch.dtype, headdim: int) -> None:
     """Limits of the Triton kernels, checked once the backend is known."""
     if backend != "triton":

@@ -11,7 +11,7 @@ Every output element has exactly one writer, so the backward is bitwise determin
 import triton
 import triton.language as tl
 
-from .common import LOG2E, _band_mask, _key_tiles, _query_tiles, _scores_log2
+from .common import LOG2E, _band_mask, _dropout_keep, _key_tiles, _load_bias, _query_tiles, _scores_log2
 
 
 @triton.jit
@@ -53,11 +53,13 @@ def _lse_log2(LSE_head, rows, seqlen_q):
 def _bwd_dkdv_inner(
     dk, dv, k, v,
     Q_head, DO_head, LSE_head, D_head, stride_qm, stride_qd, stride_dom, stride_dod,
+    Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
     start_lo, start_hi, offs_n, offs_d,
     seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Accumulate dK, dV of one K/V tile over the Q tiles starting in [start_lo, start_hi).
 
@@ -81,6 +83,9 @@ def _bwd_dkdv_inner(
         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
         s2T, tanhT = _scores_log2(qkT, rows[None, :], offs_n[:, None], seqlen_q, seqlen_k, qk_scale, softcap,
                                   alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
+        if HAS_BIAS:
+            s2T += _load_bias(Bias_head, rows[None, :], offs_n[:, None], stride_bm, stride_bn, seqlen_q,
+                              seqlen_k) * LOG2E
         if MASKED:
             visible = _band_mask(rows[None, :], offs_n[:, None], seqlen_q, seqlen_k, window_left, window_right,
                                  HAS_LEFT, HAS_RIGHT)
@@ -92,11 +97,18 @@ def _bwd_dkdv_inner(
             do = tl.load(do_ptrs, mask=d_ok[None, :], other=0.0)
         else:
             do = tl.load(do_ptrs)
-        # -- dV += Pᵀ dO
-        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        # -- dV += Pᵀ dO (with dropout: the kept, rescaled Pᵀ that the forward multiplied V by)
+        if HAS_DROPOUT:
+            keepT = _dropout_keep(seed, bh, rows[None, :], offs_n[:, None], dropout_p)
+            dv = tl.dot((tl.where(keepT, pT, 0.0) * (1.0 / (1.0 - dropout_p))).to(do.dtype), do, dv,
+                        input_precision=DOT_PRECISION)
+        else:
+            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         # -- dSᵀ = Pᵀ ∘ (dPᵀ - D), dK += dSᵀ Q
         delta = tl.load(D_head + rows, mask=rows < seqlen_q, other=0.0)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        if HAS_DROPOUT:  # dP flows back only through the kept entries
+            dpT = tl.where(keepT, dpT * (1.0 / (1.0 - dropout_p)), 0.0)
         dsT = pT * (dpT - delta[None, :])
         if HAS_SOFTCAP:  # through softcap·tanh(x / softcap): times 1 - tanh²
             dsT = dsT * (1.0 - tanhT * tanhT)
@@ -108,7 +120,7 @@ def _bwd_dkdv_inner(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, Delta, DK, DV, Alibi,
+    Q, K, V, DO, LSE, Delta, DK, DV, Alibi, Bias,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -116,13 +128,17 @@ def _bwd_dkdv_kernel(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     stride_ab, stride_ah,
+    stride_bb, stride_bh, stride_bm, stride_bn,
     num_heads_q, num_heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks,
-    softmax_scale, qk_scale, softcap, window_left, window_right,
+    softmax_scale, qk_scale, softcap, window_left, window_right, Seed, dropout_p,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(Seed)
     block_n = pid % num_n_blocks
     bh = pid // num_n_blocks
     batch = bh // num_heads_kv
@@ -148,25 +164,27 @@ def _bwd_dkdv_kernel(
         head = head_kv * group_size + g
         Q_head = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
         DO_head = DO + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
-        row_base = (batch * num_heads_q + head).to(tl.int64) * seqlen_q
+        bh = batch * num_heads_q + head
+        row_base = bh.to(tl.int64) * seqlen_q
+        Bias_head = Bias + batch.to(tl.int64) * stride_bb + head.to(tl.int64) * stride_bh
         alibi_slope = 0.0
         if HAS_ALIBI:
             alibi_slope = tl.load(Alibi + batch * stride_ab + head * stride_ah)
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, Q_head, DO_head, LSE + row_base, Delta + row_base, stride_qm, stride_qd, stride_dom,
-            stride_dod, lo, full_lo, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+            stride_dod, Bias_head, stride_bm, stride_bn, seed, bh, dropout_p, lo, full_lo, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
             window_left, window_right, BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION)
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, Q_head, DO_head, LSE + row_base, Delta + row_base, stride_qm, stride_qd, stride_dom,
-            stride_dod, full_lo, full_hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+            stride_dod, Bias_head, stride_bm, stride_bn, seed, bh, dropout_p, full_lo, full_hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
             window_left, window_right, BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION)
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, Q_head, DO_head, LSE + row_base, Delta + row_base, stride_qm, stride_qd, stride_dom,
-            stride_dod, full_hi, hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+            stride_dod, Bias_head, stride_bm, stride_bn, seed, bh, dropout_p, full_hi, hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
             window_left, window_right, BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION)
 
     dk *= softmax_scale
     tl.store(DK + batch.to(tl.int64) * stride_dkb + head_kv.to(tl.int64) * stride_dkh + cols * stride_dkn
@@ -179,11 +197,13 @@ def _bwd_dkdv_kernel(
 def _bwd_dq_inner(
     dq, q, do, lse2, delta,
     K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+    Bias_head, stride_bm, stride_bn, DBias_head, seed, bh, dropout_p,
     start_lo, start_hi, offs_m, offs_d,
     seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    HAS_DBIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Accumulate dQ of one Q tile over the K/V tiles starting in [start_lo, start_hi)."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -206,6 +226,9 @@ def _bwd_dq_inner(
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
         s2, tanh = _scores_log2(qk, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, qk_scale, softcap,
                                 alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
+        if HAS_BIAS:
+            s2 += _load_bias(Bias_head, offs_m[:, None], cols[None, :], stride_bm, stride_bn, seqlen_q,
+                             seqlen_k) * LOG2E
         if MASKED:
             visible = _band_mask(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, window_left, window_right,
                                  HAS_LEFT, HAS_RIGHT)
@@ -213,7 +236,13 @@ def _bwd_dq_inner(
         p = tl.exp2(s2 - lse2[:, None])
         # -- dS = P ∘ (dP - D), dQ += dS K
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
+        if HAS_DROPOUT:
+            keep = _dropout_keep(seed, bh, offs_m[:, None], cols[None, :], dropout_p)
+            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
+        if HAS_DBIAS:  # the bias enters after the softcap: its gradient is dS before the tanh factor
+            tl.store(DBias_head + offs_m[:, None].to(tl.int64) * seqlen_k + cols[None, :], ds,
+                     mask=(offs_m[:, None] < seqlen_q) & (cols[None, :] < seqlen_k))
         if HAS_SOFTCAP:
             ds = ds * (1.0 - tanh * tanh)
         dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
@@ -224,20 +253,24 @@ def _bwd_dq_inner(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, DO, LSE, Delta, DQ, Alibi,
+    Q, K, V, DO, LSE, Delta, DQ, Alibi, Bias, DBias,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     stride_ab, stride_ah,
+    stride_bb, stride_bh, stride_bm, stride_bn,
     num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks,
-    softmax_scale, qk_scale, softcap, window_left, window_right,
+    softmax_scale, qk_scale, softcap, window_left, window_right, Seed, dropout_p,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, HAS_DBIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(Seed)
     block_m = pid % num_m_blocks
     if HAS_RIGHT:
         block_m = num_m_blocks - 1 - block_m
@@ -264,22 +297,30 @@ def _bwd_dq_kernel(
         alibi_slope = tl.load(Alibi + batch * stride_ab + head * stride_ah)
     K_head = K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh
     V_head = V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh
+    Bias_head = Bias + batch.to(tl.int64) * stride_bb + head.to(tl.int64) * stride_bh
+    DBias_head = DBias + bh.to(tl.int64) * seqlen_q * seqlen_k  # dS scratch, (B, Hq, Sq, Sk)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
 
     lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
                                           BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dq = _bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd, lo, full_lo,
+        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        Bias_head, stride_bm, stride_bn, DBias_head, seed, bh, dropout_p, lo, full_lo,
         offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+        HAS_DBIAS, DOT_PRECISION)
     dq = _bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd, full_lo, full_hi,
+        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        Bias_head, stride_bm, stride_bn, DBias_head, seed, bh, dropout_p, full_lo, full_hi,
         offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+        HAS_DBIAS, DOT_PRECISION)
     dq = _bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd, full_hi, hi,
+        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        Bias_head, stride_bm, stride_bn, DBias_head, seed, bh, dropout_p, full_hi, hi,
         offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+        HAS_DBIAS, DOT_PRECISION)
     dq *= softmax_scale
     tl.store(DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh + rows * stride_dqm
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=mask)

@@ -110,3 +110,28 @@ def _query_tiles(n_lo, n_hi, seqlen_q, seqlen_k, window_left, window_right,
     full_lo = tl.minimum(full_lo, hi)
     full_hi = tl.minimum(full_hi, tl.maximum(hi, full_lo))
     return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _dropout_keep(seed, bh, q_pos, k_pos, dropout_p):
+    """True where dropout keeps P[q_pos, k_pos] of head ``bh`` (= batch·heads_q + head).
+
+    One Philox draw per element with counter (column, row, bh, 0) and the 64-bit seed
+    as key: the mask depends on nothing else (not on tile sizes), so the forward, both
+    backward kernels and the PyTorch reference (reference/philox.py) draw the same one.
+    """
+    zero = (q_pos * 0 + k_pos * 0).to(tl.uint32)
+    r0, _, _, _ = tl.philox(seed, (k_pos + zero).to(tl.uint32), (q_pos + zero).to(tl.uint32),
+                            (bh + zero).to(tl.uint32), zero)
+    return tl.uint_to_uniform_float(r0) >= dropout_p
+
+
+@triton.jit
+def _load_bias(Bias_head, q_pos, k_pos, stride_bm, stride_bn, seqlen_q, seqlen_k):
+    """Additive bias at (q_pos, k_pos); broadcast dims have stride 0; 0 outside the bounds.
+
+    Always bounds-checked: even tiles that need no attention mask can hang past the last
+    query (forward, dQ) or the last key (dK/dV).
+    """
+    ptrs = Bias_head + q_pos.to(tl.int64) * stride_bm + k_pos * stride_bn
+    return tl.load(ptrs, mask=(q_pos < seqlen_q) & (k_pos < seqlen_k), other=0.0).to(tl.float32)

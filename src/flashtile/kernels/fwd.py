@@ -8,18 +8,20 @@ in PyTorch). Only O and the LSE are written: nothing N×N ever reaches HBM.
 import triton
 import triton.language as tl
 
-from .common import LN2, _band_mask, _key_tiles, _scores_log2
+from .common import LN2, LOG2E, _band_mask, _dropout_keep, _key_tiles, _load_bias, _scores_log2
 
 
 @triton.jit
 def _attn_fwd_inner(
     acc, l_i, m_i, q,
     K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+    Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
     start_lo, start_hi, offs_m, offs_n, offs_d,
     seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Visit K/V tiles starting in [start_lo, start_hi); returns the updated (acc, l_i, m_i).
 
@@ -42,6 +44,8 @@ def _attn_fwd_inner(
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
         s2, _ = _scores_log2(qk, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, qk_scale, softcap,
                              alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
+        if HAS_BIAS:
+            s2 += _load_bias(Bias_head, offs_m[:, None], cols[None, :], stride_bm, stride_bn, seqlen_q, seqlen_k) * LOG2E
         if MASKED:
             visible = _band_mask(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, window_left, window_right,
                                  HAS_LEFT, HAS_RIGHT)
@@ -55,6 +59,8 @@ def _attn_fwd_inner(
         p = tl.exp2(s2 - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if HAS_DROPOUT:  # the normaliser counts every probability; only P·V drops some
+            p = tl.where(_dropout_keep(seed, bh, offs_m[:, None], cols[None, :], dropout_p), p, 0.0)
         # -- rescale the output so far and add this tile's P·V
         if MASKED:
             v = tl.load(v_ptrs, mask=d_ok[None, :] & (cols[:, None] < seqlen_k), other=0.0)
@@ -72,21 +78,25 @@ def _attn_fwd_inner(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, Out, LSE, Alibi,
+    Q, K, V, Out, LSE, Alibi, Bias,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_ab, stride_ah,
+    stride_bb, stride_bh, stride_bm, stride_bn,
     num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks,
-    qk_scale, softcap, window_left, window_right,
+    qk_scale, softcap, window_left, window_right, Seed, dropout_p,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # A 1-D grid (Q tiles fastest, so the tiles of one head run together and share
     # K/V in L2) has no 65535 limit on batch × heads.
     pid = tl.program_id(0)
+    seed = 0
+    if HAS_DROPOUT:  # a device scalar drawn from torch's generator: no host sync, compile-friendly
+        seed = tl.load(Seed)
     block_m = pid % num_m_blocks
     if HAS_RIGHT:  # causal-like: the longest rows first, so the tail of the grid is short
         block_m = num_m_blocks - 1 - block_m
@@ -99,6 +109,7 @@ def _fwd_kernel(
     K_head = K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh
     V_head = V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh
     O_head = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+    Bias_head = Bias + batch.to(tl.int64) * stride_bb + head.to(tl.int64) * stride_bh
 
     m_lo = block_m * BLOCK_M
     m_hi = tl.minimum(m_lo + BLOCK_M, seqlen_q)
@@ -125,24 +136,29 @@ def _fwd_kernel(
     # (the causal diagonal) and the ragged end of the keys.
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
         lo, full_lo, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
         window_left, window_right, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION)
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
         full_lo, full_hi, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
         window_left, window_right, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION)
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
         full_hi, hi, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
         window_left, window_right, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION)
 
     # -- epilogue: normalise; rows that saw no key give O = 0 and LSE = -inf
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     out = acc / l_safe[:, None]
+    if HAS_DROPOUT:  # kept probabilities are scaled by 1 / (1 - p)
+        out = out * (1.0 / (1.0 - dropout_p))
     lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
     tl.store(LSE + bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=row_ok)
     o_ptrs = O_head + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :] * stride_od

@@ -54,6 +54,14 @@ def _maybe_autotune(kind, table_cfg, q, head_dim_padded, causal, seqlen, launch)
     return autotune.tuner_for(q.device).choose(key, autotune.candidates(kind, table_cfg), launch)
 
 
+def _bias_args(bias: torch.Tensor | None, q: torch.Tensor, seqlen_k: int):
+    """The bias pointer and its (batch, head, row, column) strides, 0 along broadcast dims."""
+    if bias is None:
+        return q, (0, 0, 0, 0)  # a dummy pointer: never read when HAS_BIAS is False
+    # expand() gives every broadcast dim stride 0 (a size-1 dim may carry any stride).
+    return bias, tuple(bias.expand(*q.shape[:3], seqlen_k).stride())
+
+
 def _launch_args(cfg) -> dict:
     return dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -68,25 +76,34 @@ def attention_forward_triton(
     softcap: float,
     alibi_slopes: torch.Tensor | None,
     allow_tf32: bool,
+    bias: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Run ``_fwd_kernel``. q/out: (B, Hq, Sq, D), k/v: (B, Hkv, Sk, D). Returns LSE (B, Hq, Sq) float32."""
+    """Run ``_fwd_kernel``. q/out: (B, Hq, Sq, D), k/v: (B, Hkv, Sk, D). Returns LSE (B, Hq, Sq) float32.
+
+    bias: broadcastable to (B, Hq, Sq, Sk); dropout uses the counter-based keep-mask of
+    ``dropout_seed``, a one-element int64 tensor on the device (see reference/philox.py).
+    """
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     head_dim_padded = _padded_head_dim(head_dim)
     causal_like = band.right >= 0  # causal or a right window: the diagonal-heavy configs
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
     alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, q)
+    bias_ptr, bias_strides = _bias_args(bias, q, seqlen_k)
 
     def launch(cfg):
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
         _fwd_kernel[(num_m_blocks * batch * heads_q,)](
-            q, k, v, out, lse, alibi,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_ab, stride_ah,
+            q, k, v, out, lse, alibi, bias_ptr,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_ab, stride_ah, *bias_strides,
             heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
             _qk_scale(softmax_scale, softcap), float(softcap), max(band.left, 0), max(band.right, 0),
+            dropout_seed if dropout_seed is not None else lse, float(dropout_p),
             HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left >= 0, HAS_RIGHT=causal_like,
-            HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
-            DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), **_launch_args(cfg),
+            HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_BIAS=bias is not None,
+            HAS_DROPOUT=dropout_p > 0, DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), **_launch_args(cfg),
         )
 
     cfg = forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q)
@@ -110,8 +127,17 @@ def attention_backward_triton(
     dq: torch.Tensor,
     dk: torch.Tensor,
     dv: torch.Tensor,
-) -> None:
-    """Run the three backward kernels, writing dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D)."""
+    bias: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: torch.Tensor | None = None,
+    bias_requires_grad: bool = False,
+) -> torch.Tensor | None:
+    """Run the three backward kernels, writing dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D).
+
+    Returns the bias gradient (the bias's shape, float32) when ``bias_requires_grad``:
+    dS is written to a (B, Hq, Sq, Sk) scratch and summed over the bias's broadcast
+    dims, the one place the backward holds an N×N buffer, and only on request.
+    """
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     if dout.stride(-1) != 1:
@@ -123,10 +149,15 @@ def attention_backward_triton(
     if dlse is not None:
         dlse = dlse.contiguous()
     alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, q)
+    bias_ptr, bias_strides = _bias_args(bias, q, seqlen_k)
+    has_dbias = bias is not None and bias_requires_grad
+    # Unvisited tiles (outside the band) have dS = 0: the scratch starts zeroed.
+    dbias_full = (torch.zeros(batch, heads_q, seqlen_q, seqlen_k, dtype=torch.float32, device=q.device)
+                  if has_dbias else delta)
     common = dict(
         HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left >= 0, HAS_RIGHT=band.right >= 0,
-        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
-        DOT_PRECISION=_dot_precision(q.dtype, allow_tf32),
+        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_BIAS=bias is not None,
+        HAS_DROPOUT=dropout_p > 0, DOT_PRECISION=_dot_precision(q.dtype, allow_tf32),
     )
     window = (max(band.left, 0), max(band.right, 0))
     qk_scale = _qk_scale(softmax_scale, softcap)
@@ -142,21 +173,26 @@ def attention_backward_triton(
     def launch_dkdv(cfg):
         num_n_blocks = triton.cdiv(seqlen_k, cfg.BLOCK_N)
         _bwd_dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
-            q, k, v, dout, lse, delta, dk, dv, alibi,
+            q, k, v, dout, lse, delta, dk, dv, alibi, bias_ptr,
             *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), stride_ab, stride_ah,
-            heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks,
-            softmax_scale, qk_scale, float(softcap), *window, **common, **_launch_args(cfg),
+            *bias_strides, heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks,
+            softmax_scale, qk_scale, float(softcap), *window, dropout_seed if dropout_seed is not None else lse, float(dropout_p),
+            **common, **_launch_args(cfg),
         )
 
     def launch_dq(cfg):
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
         _bwd_dq_kernel[(num_m_blocks * batch * heads_q,)](
-            q, k, v, dout, lse, delta, dq, alibi,
+            q, k, v, dout, lse, delta, dq, alibi, bias_ptr, dbias_full,
             *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(), stride_ab, stride_ah,
-            heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
-            softmax_scale, qk_scale, float(softcap), *window, **common, **_launch_args(cfg),
+            *bias_strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
+            softmax_scale, qk_scale, float(softcap), *window, dropout_seed if dropout_seed is not None else lse, float(dropout_p),
+            HAS_DBIAS=has_dbias, **common, **_launch_args(cfg),
         )
 
     causal_like = band.right >= 0  # causal or a right window: the diagonal-heavy configs
     launch_dkdv(_maybe_autotune("dkdv", cfg_dkdv, q, head_dim_padded, causal_like, seqlen_k, launch_dkdv))
     launch_dq(_maybe_autotune("dq", cfg_dq, q, head_dim_padded, causal_like, seqlen_q, launch_dq))
+    if has_dbias:
+        return dbias_full.sum_to_size(bias.shape)
+    return None

@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from ..masks import Band, key_range, query_range
+from .philox import dropout_keep
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -97,6 +98,15 @@ def _bias_tile(bias_g, start_m, end_m, start_n, end_n):
     return bias_g[..., rows, cols]
 
 
+def _keep_tile(seed, dropout_p, batch, heads_kv, group, start_m, end_m, start_n, end_n, device):
+    """Dropout keep-mask of one tile, (B, Hkv, G, BLOCK_M, BLOCK_N): the kernels' Philox draw."""
+    bh = (torch.arange(batch, device=device).view(-1, 1, 1, 1, 1) * (heads_kv * group)
+          + torch.arange(heads_kv * group, device=device).view(1, heads_kv, group, 1, 1))
+    rows = torch.arange(start_m, end_m, device=device).view(-1, 1)
+    cols = torch.arange(start_n, end_n, device=device).view(1, -1)
+    return dropout_keep(seed, bh, rows, cols, dropout_p)
+
+
 def _alibi_slopes_grouped(alibi_slopes, heads_kv, dtype):
     if alibi_slopes is None:
         return None
@@ -116,12 +126,16 @@ def tiled_attention_forward(
     BLOCK_N: int = 64,
     out: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tiled forward with the online softmax.
 
     q: (B, Hq, Sq, D); k, v: (B, Hkv, Sk, D), any strides. ``out`` (B, Hq, Sq, D)
     may be given to write into (e.g. a transposed view of a (B, Sq, Hq, D) buffer).
     ``bias``: additive, broadcastable to (B, Hq, Sq, Sk), added after softcap and ALiBi.
+    ``dropout_p`` > 0 drops probabilities with the counter-based keep-mask of
+    ``dropout_seed`` (reference/philox.py), the same mask the kernels draw.
     Returns out (q's dtype) and LSE (B, Hq, Sq), float32 (float64 for float64 input),
     natural log, -inf on rows that see no key.
     """
@@ -156,11 +170,16 @@ def tiled_attention_forward(
             p = torch.exp(s - m_safe[..., None])
             alpha = torch.exp(m_i - m_safe)
             l_i = l_i * alpha + p.sum(dim=-1)
+            if dropout_p > 0:  # the normaliser counts every probability; only P·V drops some
+                p = p * _keep_tile(dropout_seed, dropout_p, batch, heads_kv, heads_q // heads_kv, start_m, end_m,
+                                   start_n, end_n, q.device)
             # -- rescale the output so far and add this tile's contribution
             acc = acc * alpha[..., None] + torch.matmul(p, v_tile)
             m_i = m_ij
         # -- epilogue: normalise; rows that saw no key give 0 and LSE = -inf
         seen = l_i > 0
+        if dropout_p > 0:
+            acc = acc / (1.0 - dropout_p)
         out_g[..., start_m:end_m, :] = torch.where(seen[..., None], acc / torch.where(seen, l_i, 1.0)[..., None], 0.0)
         lse_g[..., start_m:end_m] = torch.where(seen, m_i + torch.log(l_i), float("-inf"))
     return out, lse
@@ -191,6 +210,8 @@ def tiled_attention_backward(
     dv: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     dbias: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tiled backward recomputing P from the LSE; shapes as in the forward.
 
@@ -200,7 +221,7 @@ def tiled_attention_backward(
     bias's shape, if given, receives the bias gradient (dS summed over broadcast dims).
     Returns dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D) in the inputs' dtype.
     """
-    heads_q, heads_kv, seqlen_q, seqlen_k = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2]
     acc_dtype = _acc_dtype(q.dtype)
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
@@ -226,11 +247,16 @@ def tiled_attention_backward(
                               alibi, _bias_tile(bias_g, start_m, end_m, start_n, end_n))
         p = _probs_from_lse(s, lse_g[..., start_m:end_m].to(acc_dtype))
         dp = torch.matmul(do_tile, v_tile.transpose(-1, -2))
+        p_used = p  # what multiplied V in the forward
+        if dropout_p > 0:  # O = (P ∘ Z / (1 - p)) V, so dP = (dO Vᵀ) ∘ Z / (1 - p)
+            keep = _keep_tile(dropout_seed, dropout_p, batch, heads_kv, heads_q // heads_kv, start_m, end_m,
+                              start_n, end_n, q.device) / (1.0 - dropout_p)
+            dp, p_used = dp * keep, p * keep
         ds_scores = p * (dp - delta_g[..., start_m:end_m, None])
         ds = ds_scores
         if tanh is not None:  # d(softcap·tanh(x/softcap))/dx = 1 - tanh²
             ds = ds * (1.0 - tanh * tanh)
-        return q_tile, do_tile, k_tile, p, ds, ds_scores
+        return q_tile, do_tile, k_tile, p_used, ds, ds_scores
 
     # -- _bwd_dkdv: one K/V tile at a time, looping over the Q tiles that see it.
     for start_n in range(0, seqlen_k, BLOCK_N):
