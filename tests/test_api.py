@@ -51,7 +51,8 @@ def test_flash_attn_signatures(fn, leading):
 
 def test_public_names():
     for name in ("attention", "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
-                 "naive_attention", "backend_status", "__version__"):
+                 "naive_attention", "backend_status", "__version__", "merge_attention_states",
+                 "merge_attention_states_pair", "dropout_keep_mask"):
         assert hasattr(flashtile, name), f"flashtile.{name} is missing"
         assert name in flashtile.__all__, f"{name} missing from flashtile.__all__"
 

@@ -5,6 +5,7 @@ Importing flashtile queries no GPU and imports no Triton: the kernels load on fi
 
 from .api import attention, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from .backends import backend_status
+from .merge import merge_attention_states, merge_attention_states_pair
 from .reference import naive_attention
 from .reference.philox import dropout_keep_mask
 
@@ -15,6 +16,8 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_kvpacked_func",
+    "merge_attention_states",
+    "merge_attention_states_pair",
     "naive_attention",
     "dropout_keep_mask",
     "backend_status",
