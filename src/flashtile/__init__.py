@@ -8,6 +8,7 @@ from .backends import backend_status
 from .merge import merge_attention_states, merge_attention_states_pair
 from .reference import naive_attention
 from .reference.philox import dropout_keep_mask
+from .varlen import flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func
 
 __version__ = "0.1.0"
 
@@ -16,6 +17,9 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_kvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
     "merge_attention_states",
     "merge_attention_states_pair",
     "naive_attention",

@@ -95,7 +95,7 @@ def attention(
     q, k, v = (_strided_last_dim_to_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention_forward(
         q, k, v, layout, softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
-        bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed,
+        bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed, None, None, 0, 0,
     )
     return (out, lse) if return_lse else out
 

@@ -1,10 +1,11 @@
 """The one attention core as ``torch.library`` custom ops, with fake impls and autograd.
 
-Every public face ends here. The ops take q/k/v in the caller's layout ('bshd' or
-'bhsd'), view them as (batch, heads, seqlen, headdim) without copying, and hand the
-views (any strides) to a backend. Outputs are allocated contiguous in the caller's
-layout. Because the ops have fake implementations and registered autograd,
-``torch.compile(fullgraph=True)`` traces through them without a graph break.
+Every public face ends here. The ops take q/k/v in the caller's layout ('bshd',
+'bhsd', or 'thd' for packed variable-length batches), view them as (batch, heads,
+seqlen, headdim) without copying, and hand the views (any strides) to a backend.
+Outputs are allocated contiguous in the caller's layout. Because the ops have fake
+implementations and registered autograd, ``torch.compile(fullgraph=True)`` traces
+through them without a graph break.
 """
 
 from __future__ import annotations
@@ -16,24 +17,36 @@ from torch import Tensor
 
 from .masks import Band
 from .reference.tiled import tiled_attention_backward, tiled_attention_forward
+from .reference.varlen import varlen_backward, varlen_forward
 
 
 def _to_bhsd(t: Tensor, layout: str) -> Tensor:
+    if layout == "thd":  # packed (total, heads, headdim) -> (1, heads, total, headdim)
+        return t.unsqueeze(0).transpose(1, 2)
     return t.transpose(1, 2) if layout == "bshd" else t
 
 
-def _lse_shape(q: Tensor, layout: str) -> tuple[int, int, int]:
+def _lse_shape(q: Tensor, layout: str) -> tuple[int, ...]:
+    if layout == "thd":
+        return q.shape[1], q.shape[0]  # (heads, total_q), as flash-attn's varlen LSE
     b, s, h = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bshd" else (q.shape[0], q.shape[2], q.shape[1])
     return b, h, s
+
+
+def _lse_dtype(q: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _new_like(t: Tensor, layout: str) -> Tensor:
+    # Packed tensors may have rows past the last sequence: give them zeros, never garbage.
+    if layout == "thd":
+        return torch.zeros(t.shape, dtype=t.dtype, device=t.device)
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
 def _seed_value(seed: Optional[Tensor]) -> int:
     # The reference backend draws its Philox numbers on the host: it needs the seed as an int.
     return int(seed.item()) if seed is not None else 0
-
-
-def _lse_dtype(q: Tensor) -> torch.dtype:
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 @torch.library.custom_op("flashtile::attention_forward", mutates_args=())
@@ -52,19 +65,29 @@ def attention_forward(
     bias: Optional[Tensor],
     dropout_p: float,
     dropout_seed: Optional[Tensor],
+    cu_seqlens_q: Optional[Tensor],
+    cu_seqlens_k: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
 ) -> tuple[Tensor, Tensor]:
-    """Returns out (q's shape and layout) and LSE (batch, heads_q, seqlen_q), natural log.
+    """Returns out (q's shape and layout) and the LSE, natural log: (batch, heads_q, seqlen_q),
+    or (heads_q, total_q) for layout 'thd' (which takes the cu_seqlens and max_seqlen).
 
     ``bias`` is indexed (batch, heads_q, seqlen_q, seqlen_k) whatever the layout.
     """
     band = Band(window_left, window_right)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = _new_like(q, layout)
     q_, k_, v_, out_ = (_to_bhsd(t, layout) for t in (q, k, v, out))
     if backend == "triton":
-        from .kernels.launch import attention_forward_triton
+        from .kernels.launch import Varlen, attention_forward_triton
 
+        varlen = Varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if layout == "thd" else None
         lse = attention_forward_triton(q_, k_, v_, out_, softmax_scale, band, softcap, alibi_slopes, allow_tf32,
-                                       bias=bias, dropout_p=dropout_p, dropout_seed=dropout_seed)
+                                       bias=bias, dropout_p=dropout_p, dropout_seed=dropout_seed, varlen=varlen)
+    elif layout == "thd":
+        lse = torch.empty(_lse_shape(q, layout), dtype=_lse_dtype(q), device=q.device).fill_(float("-inf"))
+        varlen_forward(q_, k_, v_, out_, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, band, softcap, alibi_slopes,
+                       dropout_p, _seed_value(dropout_seed))
     else:
         _, lse = tiled_attention_forward(q_, k_, v_, softmax_scale, band, softcap, alibi_slopes, out=out_, bias=bias,
                                          dropout_p=dropout_p, dropout_seed=_seed_value(dropout_seed))
@@ -72,8 +95,7 @@ def attention_forward(
 
 
 @attention_forward.register_fake
-def _(q, k, v, layout, softmax_scale, window_left, window_right, softcap, alibi_slopes, backend, allow_tf32, bias,
-      dropout_p, dropout_seed):
+def _(q, k, v, layout, *args):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, layout), dtype=_lse_dtype(q), device=q.device)
     return out, lse
@@ -99,6 +121,10 @@ def attention_backward(
     bias: Optional[Tensor],
     dropout_p: float,
     dropout_seed: Optional[Tensor],
+    cu_seqlens_q: Optional[Tensor],
+    cu_seqlens_k: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
     bias_requires_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of q, k, v and the bias (an empty tensor unless ``bias_requires_grad``).
@@ -106,19 +132,24 @@ def attention_backward(
     ``dlse`` (may be None) is the gradient flowing into the LSE.
     """
     band = Band(window_left, window_right)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dq, dk, dv = (_new_like(t, layout) for t in (q, k, v))
     views = [_to_bhsd(t, layout) for t in (dout, q, k, v, out, dq, dk, dv)]
+    dbias = None
     if backend == "triton":
-        from .kernels.launch import attention_backward_triton
+        from .kernels.launch import Varlen, attention_backward_triton
 
+        varlen = Varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if layout == "thd" else None
         dbias = attention_backward_triton(
             *views[:5], lse, dlse, softmax_scale, band, softcap, alibi_slopes, allow_tf32, *views[5:], bias=bias,
-            dropout_p=dropout_p, dropout_seed=dropout_seed, bias_requires_grad=bias_requires_grad)
+            dropout_p=dropout_p, dropout_seed=dropout_seed, bias_requires_grad=bias_requires_grad, varlen=varlen)
+    elif layout == "thd":
+        dout_, q_, k_, v_, out_, dq_, dk_, dv_ = views
+        varlen_backward(dout_, q_, k_, v_, out_, lse, dlse, dq_, dk_, dv_, cu_seqlens_q, cu_seqlens_k, softmax_scale,
+                        band, softcap, alibi_slopes, dropout_p, _seed_value(dropout_seed))
     else:
         dout_, q_, k_, v_, out_, dq_, dk_, dv_ = views
-        dbias = torch.zeros(bias.shape, dtype=torch.float32, device=q.device) if bias_requires_grad else None
+        if bias_requires_grad:
+            dbias = torch.zeros(bias.shape, dtype=torch.float32, device=q.device)
         # The LSE's gradient enters as a shift of D: dS = P ∘ (dP − (D − dLSE)).
         tiled_attention_backward(dout_, q_, k_, v_, out_, lse, softmax_scale, band, softcap, alibi_slopes,
                                  dlse=dlse, dq=dq_, dk=dk_, dv=dv_, bias=bias, dbias=dbias, dropout_p=dropout_p,
@@ -130,7 +161,8 @@ def attention_backward(
 
 @attention_backward.register_fake
 def _(dout, dlse, q, k, v, out, lse, layout, softmax_scale, window_left, window_right, softcap, alibi_slopes, backend,
-      allow_tf32, bias, dropout_p, dropout_seed, bias_requires_grad):
+      allow_tf32, bias, dropout_p, dropout_seed, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+      bias_requires_grad):
     dbias = torch.empty(bias.shape, dtype=bias.dtype, device=q.device) if bias_requires_grad else q.new_empty(0)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
@@ -145,17 +177,19 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     bias = inputs[_BIAS_INPUT]
     ctx.save_for_backward(q, k, v, out, lse, bias)
-    ctx.options = options[:-3]  # layout … allow_tf32
-    ctx.dropout = options[-2:]  # dropout_p, dropout_seed
+    ctx.options = options  # layout … max_seqlen_k, passed back unchanged (bias replaced below)
     ctx.bias_requires_grad = bias is not None and ctx.needs_input_grad[_BIAS_INPUT]
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, bias = ctx.saved_tensors
-    dq, dk, dv, dbias = attention_backward(dout, dlse, q, k, v, out, lse, *ctx.options, bias, *ctx.dropout,
-                                           ctx.bias_requires_grad)
-    # No gradients for the options (layout, scale, window, softcap, slopes, backend, tf32, dropout).
-    return (dq, dk, dv) + (None,) * 8 + (dbias if ctx.bias_requires_grad else None, None, None)
+    options = list(ctx.options)
+    options[_BIAS_INPUT - 3] = bias
+    dq, dk, dv, dbias = attention_backward(dout, dlse, q, k, v, out, lse, *options, ctx.bias_requires_grad)
+    # Only q, k, v and the bias are differentiable; every other input is an option.
+    grads = [dq, dk, dv] + [None] * len(options)
+    grads[_BIAS_INPUT] = dbias if ctx.bias_requires_grad else None
+    return tuple(grads)
 
 
 torch.library.register_autograd("flashtile::attention_forward", _backward, setup_context=_setup_context)

@@ -16,29 +16,36 @@ from .common import LOG2E, _band_mask, _dropout_keep, _key_tiles, _load_bias, _q
 
 @triton.jit
 def _bwd_preprocess(
-    Out, DO, DLSE, Delta,
+    Out, DO, DLSE, Delta, Cu_seqlens_q,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_lb, stride_lh,
     num_heads_q, seqlen_q, num_m_blocks,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     block_m = pid % num_m_blocks
     bh = pid // num_m_blocks
     batch = bh // num_heads_q
     head = bh % num_heads_q
+    start_q = 0
+    if IS_VARLEN:
+        start_q = tl.load(Cu_seqlens_q + batch)
+        seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - start_q
     offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
-    rows = offs_m[:, None].to(tl.int64)
+    rows = (start_q + offs_m[:, None]).to(tl.int64)
     o = tl.load(Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + rows * stride_om
                 + offs_d[None, :] * stride_od, mask=mask, other=0.0).to(tl.float32)
     do = tl.load(DO + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh + rows * stride_dom
                  + offs_d[None, :] * stride_dod, mask=mask, other=0.0).to(tl.float32)
     delta = tl.sum(o * do, axis=1)
+    row_base = batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + start_q  # LSE's layout
     if HAS_DLSE:  # dLSE_i/dS_ij = P_ij, so a gradient into the LSE only shifts D
-        delta -= tl.load(DLSE + bh.to(tl.int64) * seqlen_q + offs_m, mask=offs_m < seqlen_q, other=0.0)
-    tl.store(Delta + bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=offs_m < seqlen_q)
+        delta -= tl.load(DLSE + row_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
+    tl.store(Delta + row_base + offs_m, delta, mask=offs_m < seqlen_q)
 
 
 @triton.jit
@@ -120,7 +127,7 @@ def _bwd_dkdv_inner(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, Delta, DK, DV, Alibi, Bias,
+    Q, K, V, DO, LSE, Delta, DK, DV, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -129,11 +136,12 @@ def _bwd_dkdv_kernel(
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     stride_ab, stride_ah,
     stride_bb, stride_bh, stride_bm, stride_bn,
+    stride_lb, stride_lh,
     num_heads_q, num_heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks,
     softmax_scale, qk_scale, softcap, window_left, window_right, Seed, dropout_p,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seed = 0
@@ -143,13 +151,22 @@ def _bwd_dkdv_kernel(
     bh = pid // num_n_blocks
     batch = bh // num_heads_kv
     head_kv = bh % num_heads_kv
+    start_q = 0
+    start_k = 0
+    if IS_VARLEN:  # see _fwd_kernel
+        start_q = tl.load(Cu_seqlens_q + batch)
+        seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - start_q
+        start_k = tl.load(Cu_seqlens_k + batch)
+        seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - start_k
+    if block_n * BLOCK_N >= seqlen_k:
+        return
 
     n_lo = block_n * BLOCK_N
     n_hi = tl.minimum(n_lo + BLOCK_N, seqlen_k)
     offs_n = n_lo + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     kv_mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
-    cols = offs_n[:, None].to(tl.int64)
+    cols = (start_k + offs_n[:, None]).to(tl.int64)
     k = tl.load(K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh + cols * stride_kn
                 + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
     v = tl.load(V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh + cols * stride_vn
@@ -162,10 +179,10 @@ def _bwd_dkdv_kernel(
     # The query heads of this KV head's group all contribute to the same dK, dV.
     for g in range(0, group_size):
         head = head_kv * group_size + g
-        Q_head = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-        DO_head = DO + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
+        Q_head = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + start_q * stride_qm
+        DO_head = DO + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh + start_q * stride_dom
         bh = batch * num_heads_q + head
-        row_base = bh.to(tl.int64) * seqlen_q
+        row_base = batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + start_q
         Bias_head = Bias + batch.to(tl.int64) * stride_bb + head.to(tl.int64) * stride_bh
         alibi_slope = 0.0
         if HAS_ALIBI:
@@ -253,7 +270,7 @@ def _bwd_dq_inner(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, DO, LSE, Delta, DQ, Alibi, Bias, DBias,
+    Q, K, V, DO, LSE, Delta, DQ, Alibi, Bias, DBias, Cu_seqlens_q, Cu_seqlens_k,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -261,11 +278,13 @@ def _bwd_dq_kernel(
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     stride_ab, stride_ah,
     stride_bb, stride_bh, stride_bm, stride_bn,
+    stride_lb, stride_lh,
     num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks,
     softmax_scale, qk_scale, softcap, window_left, window_right, Seed, dropout_p,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, HAS_DBIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, HAS_DBIAS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seed = 0
@@ -278,25 +297,34 @@ def _bwd_dq_kernel(
     batch = bh // num_heads_q
     head = bh % num_heads_q
     head_kv = head // group_size
+    start_q = 0
+    start_k = 0
+    if IS_VARLEN:  # see _fwd_kernel
+        start_q = tl.load(Cu_seqlens_q + batch)
+        seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - start_q
+        start_k = tl.load(Cu_seqlens_k + batch)
+        seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - start_k
+    if block_m * BLOCK_M >= seqlen_q:
+        return
 
     m_lo = block_m * BLOCK_M
     m_hi = tl.minimum(m_lo + BLOCK_M, seqlen_q)
     offs_m = m_lo + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
-    rows = offs_m[:, None].to(tl.int64)
+    rows = (start_q + offs_m[:, None]).to(tl.int64)
     q = tl.load(Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + rows * stride_qm
                 + offs_d[None, :] * stride_qd, mask=mask, other=0.0)
     do = tl.load(DO + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh + rows * stride_dom
                  + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
-    row_base = bh.to(tl.int64) * seqlen_q
+    row_base = batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + start_q
     lse2 = _lse_log2(LSE + row_base, offs_m, seqlen_q)
     delta = tl.load(Delta + row_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
     alibi_slope = 0.0
     if HAS_ALIBI:
         alibi_slope = tl.load(Alibi + batch * stride_ab + head * stride_ah)
-    K_head = K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh
-    V_head = V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh
+    K_head = K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh + start_k * stride_kn
+    V_head = V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh + start_k * stride_vn
     Bias_head = Bias + batch.to(tl.int64) * stride_bb + head.to(tl.int64) * stride_bh
     DBias_head = DBias + bh.to(tl.int64) * seqlen_q * seqlen_k  # dS scratch, (B, Hq, Sq, Sk)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)

@@ -78,18 +78,19 @@ def _attn_fwd_inner(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, Out, LSE, Alibi, Bias,
+    Q, K, V, Out, LSE, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_ab, stride_ah,
     stride_bb, stride_bh, stride_bm, stride_bn,
+    stride_lb, stride_lh,
     num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks,
     qk_scale, softcap, window_left, window_right, Seed, dropout_p,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # A 1-D grid (Q tiles fastest, so the tiles of one head run together and share
     # K/V in L2) has no 65535 limit on batch × heads.
@@ -104,12 +105,24 @@ def _fwd_kernel(
     batch = bh // num_heads_q
     head = bh % num_heads_q
     head_kv = head // group_size  # GQA: K/V are shared, never repeated in memory
+    # Variable-length batches: "batch" is a sequence of the packed tensors (whose batch
+    # strides are 0), starting at row cu_seqlens[batch]; the seqlen arguments are maxima.
+    start_q = 0
+    start_k = 0
+    if IS_VARLEN:
+        start_q = tl.load(Cu_seqlens_q + batch)
+        seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - start_q
+        start_k = tl.load(Cu_seqlens_k + batch)
+        seqlen_k = tl.load(Cu_seqlens_k + batch + 1) - start_k
+    if block_m * BLOCK_M >= seqlen_q:  # a tile past the end of a shorter sequence
+        return
 
-    Q_head = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-    K_head = K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh
-    V_head = V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh
-    O_head = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+    Q_head = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + start_q * stride_qm
+    K_head = K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh + start_k * stride_kn
+    V_head = V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh + start_k * stride_vn
+    O_head = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + start_q * stride_om
     Bias_head = Bias + batch.to(tl.int64) * stride_bb + head.to(tl.int64) * stride_bh
+    LSE_head = LSE + batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + start_q
 
     m_lo = block_m * BLOCK_M
     m_hi = tl.minimum(m_lo + BLOCK_M, seqlen_q)
@@ -160,6 +173,6 @@ def _fwd_kernel(
     if HAS_DROPOUT:  # kept probabilities are scaled by 1 / (1 - p)
         out = out * (1.0 / (1.0 - dropout_p))
     lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
-    tl.store(LSE + bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=row_ok)
+    tl.store(LSE_head + offs_m, lse, mask=row_ok)
     o_ptrs = O_head + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])

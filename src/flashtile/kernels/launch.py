@@ -8,6 +8,7 @@ heads may exceed 65535; base offsets are 64-bit inside the kernels.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -66,6 +67,38 @@ def _launch_args(cfg) -> dict:
     return dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
+@dataclass(frozen=True)
+class Varlen:
+    """Packed variable-length batch: int32 cumulative sequence starts on the device.
+
+    The tensors are then (1, heads, total_tokens, headdim) views; sequence b owns rows
+    cu_seqlens[b] : cu_seqlens[b + 1]. max_seqlen_* size the grid, so no host sync.
+    """
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+def _problem(q, k, varlen: Varlen | None):
+    """(batch, seqlen_q, seqlen_k) as the grid sees them: sequences and maxima when packed."""
+    if varlen is None:
+        return q.shape[0], q.shape[2], k.shape[2]
+    return varlen.cu_seqlens_q.shape[0] - 1, varlen.max_seqlen_q, varlen.max_seqlen_k
+
+
+def _batch_stride(t: torch.Tensor, varlen: Varlen | None):
+    # Packed tensors have no batch dimension: the sequence offset comes from cu_seqlens.
+    strides = t.stride()
+    return strides if varlen is None else (0, *strides[1:])
+
+
+def _lse_strides(lse: torch.Tensor, varlen: Varlen | None) -> tuple[int, int]:
+    # Dense LSE is (B, H, Sq); packed LSE is (H, total_q), rows offset by cu_seqlens_q.
+    return (lse.stride(0), lse.stride(1)) if varlen is None else (0, lse.stride(0))
+
+
 def attention_forward_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -79,31 +112,41 @@ def attention_forward_triton(
     bias: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     dropout_seed: torch.Tensor | None = None,
+    varlen: Varlen | None = None,
 ) -> torch.Tensor:
-    """Run ``_fwd_kernel``. q/out: (B, Hq, Sq, D), k/v: (B, Hkv, Sk, D). Returns LSE (B, Hq, Sq) float32.
+    """Run ``_fwd_kernel``. q/out: (B, Hq, Sq, D), k/v: (B, Hkv, Sk, D).
 
+    Returns the LSE, float32: (B, Hq, Sq), or (Hq, total_q) for a packed batch.
     bias: broadcastable to (B, Hq, Sq, Sk); dropout uses the counter-based keep-mask of
     ``dropout_seed``, a one-element int64 tensor on the device (see reference/philox.py).
     """
-    batch, heads_q, seqlen_q, head_dim = q.shape
-    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    heads_q, head_dim = q.shape[1], q.shape[3]
+    heads_kv = k.shape[1]
+    batch, seqlen_q, seqlen_k = _problem(q, k, varlen)
     head_dim_padded = _padded_head_dim(head_dim)
     causal_like = band.right >= 0  # causal or a right window: the diagonal-heavy configs
-    lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
+    if varlen is None:
+        lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
+        cu_q = cu_k = lse  # dummy pointers: never read unless IS_VARLEN
+    else:  # rows outside every sequence are never written: give them the LSE of "no key"
+        lse = torch.full((heads_q, q.shape[2]), float("-inf"), dtype=torch.float32, device=q.device)
+        cu_q, cu_k = varlen.cu_seqlens_q, varlen.cu_seqlens_k
     alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, q)
     bias_ptr, bias_strides = _bias_args(bias, q, seqlen_k)
 
     def launch(cfg):
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
         _fwd_kernel[(num_m_blocks * batch * heads_q,)](
-            q, k, v, out, lse, alibi, bias_ptr,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_ab, stride_ah, *bias_strides,
+            q, k, v, out, lse, alibi, bias_ptr, cu_q, cu_k,
+            *_batch_stride(q, varlen), *_batch_stride(k, varlen), *_batch_stride(v, varlen),
+            *_batch_stride(out, varlen), stride_ab, stride_ah, *bias_strides, *_lse_strides(lse, varlen),
             heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
             _qk_scale(softmax_scale, softcap), float(softcap), max(band.left, 0), max(band.right, 0),
             dropout_seed if dropout_seed is not None else lse, float(dropout_p),
             HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left >= 0, HAS_RIGHT=causal_like,
             HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_BIAS=bias is not None,
-            HAS_DROPOUT=dropout_p > 0, DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), **_launch_args(cfg),
+            HAS_DROPOUT=dropout_p > 0, IS_VARLEN=varlen is not None,
+            DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), **_launch_args(cfg),
         )
 
     cfg = forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q)
@@ -131,66 +174,76 @@ def attention_backward_triton(
     dropout_p: float = 0.0,
     dropout_seed: torch.Tensor | None = None,
     bias_requires_grad: bool = False,
+    varlen: Varlen | None = None,
 ) -> torch.Tensor | None:
     """Run the three backward kernels, writing dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D).
 
     Returns the bias gradient (the bias's shape, float32) when ``bias_requires_grad``:
     dS is written to a (B, Hq, Sq, Sk) scratch and summed over the bias's broadcast
     dims, the one place the backward holds an N×N buffer, and only on request.
+    For a packed batch, rows outside every sequence are left as the caller made them.
     """
-    batch, heads_q, seqlen_q, head_dim = q.shape
-    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    heads_q, head_dim = q.shape[1], q.shape[3]
+    heads_kv = k.shape[1]
+    batch, seqlen_q, seqlen_k = _problem(q, k, varlen)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     head_dim_padded = _padded_head_dim(head_dim)
-    cfg_dkdv, cfg_dq = backward_configs(head_dim_padded, q.dtype, band.right >= 0, q.device)
+    causal_like = band.right >= 0  # causal or a right window: the diagonal-heavy configs
+    cfg_dkdv, cfg_dq = backward_configs(head_dim_padded, q.dtype, causal_like, q.device)
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
     if dlse is not None:
         dlse = dlse.contiguous()
+    cu_q, cu_k = (varlen.cu_seqlens_q, varlen.cu_seqlens_k) if varlen is not None else (lse, lse)
     alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, q)
     bias_ptr, bias_strides = _bias_args(bias, q, seqlen_k)
     has_dbias = bias is not None and bias_requires_grad
     # Unvisited tiles (outside the band) have dS = 0: the scratch starts zeroed.
     dbias_full = (torch.zeros(batch, heads_q, seqlen_q, seqlen_k, dtype=torch.float32, device=q.device)
                   if has_dbias else delta)
+    seed = dropout_seed if dropout_seed is not None else lse  # a dummy pointer without dropout
     common = dict(
-        HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left >= 0, HAS_RIGHT=band.right >= 0,
+        HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left >= 0, HAS_RIGHT=causal_like,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_BIAS=bias is not None,
-        HAS_DROPOUT=dropout_p > 0, DOT_PRECISION=_dot_precision(q.dtype, allow_tf32),
+        HAS_DROPOUT=dropout_p > 0, IS_VARLEN=varlen is not None, DOT_PRECISION=_dot_precision(q.dtype, allow_tf32),
     )
+    strides = (*_batch_stride(q, varlen), *_batch_stride(k, varlen), *_batch_stride(v, varlen),
+               *_batch_stride(dout, varlen))
+    lse_strides = _lse_strides(lse, varlen)
     window = (max(band.left, 0), max(band.right, 0))
     qk_scale = _qk_scale(softmax_scale, softcap)
 
     pre_block = 64
     num_m_pre = triton.cdiv(seqlen_q, pre_block)
     _bwd_preprocess[(num_m_pre * batch * heads_q,)](
-        out, dout, dlse if dlse is not None else delta, delta, *out.stride(), *dout.stride(),
+        out, dout, dlse if dlse is not None else delta, delta, cu_q,
+        *_batch_stride(out, varlen), *_batch_stride(dout, varlen), *lse_strides,
         heads_q, seqlen_q, num_m_pre,
         HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, BLOCK_M=pre_block, HAS_DLSE=dlse is not None,
+        IS_VARLEN=varlen is not None,
     )
 
     def launch_dkdv(cfg):
         num_n_blocks = triton.cdiv(seqlen_k, cfg.BLOCK_N)
         _bwd_dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
-            q, k, v, dout, lse, delta, dk, dv, alibi, bias_ptr,
-            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), stride_ab, stride_ah,
-            *bias_strides, heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks,
-            softmax_scale, qk_scale, float(softcap), *window, dropout_seed if dropout_seed is not None else lse, float(dropout_p),
+            q, k, v, dout, lse, delta, dk, dv, alibi, bias_ptr, cu_q, cu_k,
+            *strides, *_batch_stride(dk, varlen), *_batch_stride(dv, varlen), stride_ab, stride_ah,
+            *bias_strides, *lse_strides, heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks,
+            softmax_scale, qk_scale, float(softcap), *window, seed, float(dropout_p),
             **common, **_launch_args(cfg),
         )
 
     def launch_dq(cfg):
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
         _bwd_dq_kernel[(num_m_blocks * batch * heads_q,)](
-            q, k, v, dout, lse, delta, dq, alibi, bias_ptr, dbias_full,
-            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(), stride_ab, stride_ah,
-            *bias_strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
-            softmax_scale, qk_scale, float(softcap), *window, dropout_seed if dropout_seed is not None else lse, float(dropout_p),
+            q, k, v, dout, lse, delta, dq, alibi, bias_ptr, dbias_full, cu_q, cu_k,
+            *strides, *_batch_stride(dq, varlen), stride_ab, stride_ah,
+            *bias_strides, *lse_strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
+            softmax_scale, qk_scale, float(softcap), *window, seed, float(dropout_p),
             HAS_DBIAS=has_dbias, **common, **_launch_args(cfg),
         )
 
-    causal_like = band.right >= 0  # causal or a right window: the diagonal-heavy configs
     launch_dkdv(_maybe_autotune("dkdv", cfg_dkdv, q, head_dim_padded, causal_like, seqlen_k, launch_dkdv))
     launch_dq(_maybe_autotune("dq", cfg_dq, q, head_dim_padded, causal_like, seqlen_q, launch_dq))
     if has_dbias:

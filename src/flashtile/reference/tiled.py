@@ -98,9 +98,9 @@ def _bias_tile(bias_g, start_m, end_m, start_n, end_n):
     return bias_g[..., rows, cols]
 
 
-def _keep_tile(seed, dropout_p, batch, heads_kv, group, start_m, end_m, start_n, end_n, device):
+def _keep_tile(seed, dropout_p, batch, heads_kv, group, start_m, end_m, start_n, end_n, device, batch_offset=0):
     """Dropout keep-mask of one tile, (B, Hkv, G, BLOCK_M, BLOCK_N): the kernels' Philox draw."""
-    bh = (torch.arange(batch, device=device).view(-1, 1, 1, 1, 1) * (heads_kv * group)
+    bh = ((batch_offset + torch.arange(batch, device=device).view(-1, 1, 1, 1, 1)) * (heads_kv * group)
           + torch.arange(heads_kv * group, device=device).view(1, heads_kv, group, 1, 1))
     rows = torch.arange(start_m, end_m, device=device).view(-1, 1)
     cols = torch.arange(start_n, end_n, device=device).view(1, -1)
@@ -128,6 +128,7 @@ def tiled_attention_forward(
     bias: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     dropout_seed: int = 0,
+    batch_offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tiled forward with the online softmax.
 
@@ -135,7 +136,9 @@ def tiled_attention_forward(
     may be given to write into (e.g. a transposed view of a (B, Sq, Hq, D) buffer).
     ``bias``: additive, broadcastable to (B, Hq, Sq, Sk), added after softcap and ALiBi.
     ``dropout_p`` > 0 drops probabilities with the counter-based keep-mask of
-    ``dropout_seed`` (reference/philox.py), the same mask the kernels draw.
+    ``dropout_seed`` (reference/philox.py), the same mask the kernels draw;
+    ``batch_offset`` is the index of batch entry 0 in a larger packed batch (its
+    dropout counters continue from there).
     Returns out (q's dtype) and LSE (B, Hq, Sq), float32 (float64 for float64 input),
     natural log, -inf on rows that see no key.
     """
@@ -172,7 +175,7 @@ def tiled_attention_forward(
             l_i = l_i * alpha + p.sum(dim=-1)
             if dropout_p > 0:  # the normaliser counts every probability; only P·V drops some
                 p = p * _keep_tile(dropout_seed, dropout_p, batch, heads_kv, heads_q // heads_kv, start_m, end_m,
-                                   start_n, end_n, q.device)
+                                   start_n, end_n, q.device, batch_offset)
             # -- rescale the output so far and add this tile's contribution
             acc = acc * alpha[..., None] + torch.matmul(p, v_tile)
             m_i = m_ij
@@ -212,6 +215,7 @@ def tiled_attention_backward(
     dbias: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     dropout_seed: int = 0,
+    batch_offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tiled backward recomputing P from the LSE; shapes as in the forward.
 
@@ -250,7 +254,7 @@ def tiled_attention_backward(
         p_used = p  # what multiplied V in the forward
         if dropout_p > 0:  # O = (P ∘ Z / (1 - p)) V, so dP = (dO Vᵀ) ∘ Z / (1 - p)
             keep = _keep_tile(dropout_seed, dropout_p, batch, heads_kv, heads_q // heads_kv, start_m, end_m,
-                              start_n, end_n, q.device) / (1.0 - dropout_p)
+                              start_n, end_n, q.device, batch_offset) / (1.0 - dropout_p)
             dp, p_used = dp * keep, p * keep
         ds_scores = p * (dp - delta_g[..., start_m:end_m, None])
         ds = ds_scores

@@ -1,0 +1,156 @@
+"""flash-attn 2.x's variable-length faces: packed sequences without padding.
+
+q: (total_q, heads_q, headdim), k and v: (total_k, heads_kv, headdim): the sequences
+of a batch laid end to end. ``cu_seqlens_q`` (batch + 1,), int32 on the tensors'
+device, holds the cumulative starts: sequence b owns rows
+``cu_seqlens_q[b] : cu_seqlens_q[b + 1]``. ``max_seqlen_*`` size the launch grid, so
+the call never waits on the GPU. The LSE is float32, natural log, (heads_q, total_q).
+Rows of the packed tensors past the last sequence get output 0, LSE -inf and zero
+gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import ops
+from .backends import select_backend
+from .masks import normalize_window
+from .validation import check_backend_limits, check_options, check_tensor
+
+
+def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, total: int, batch: int | None) -> None:
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name}: expected an int32 torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name}: expected dtype torch.int32, got {cu.dtype}")
+    if cu.device != device:
+        raise ValueError(f"{name}: expected device {device} (the device of q), got {cu.device}")
+    if cu.dim() != 1 or cu.shape[0] < 2:
+        raise ValueError(f"{name}: expected a 1-d tensor of batch + 1 >= 2 offsets, got shape {tuple(cu.shape)}")
+    if batch is not None and cu.shape[0] != batch + 1:
+        raise ValueError(f"{name}: expected {batch + 1} offsets (as cu_seqlens_q), got {cu.shape[0]}")
+    message = f"{name}: expected non-decreasing offsets starting >= 0 and ending <= {total} (the packed rows)"
+    ok = (cu[0] >= 0) & (cu[-1] <= total) & (cu[1:] >= cu[:-1]).all()
+    if cu.device.type == "cpu":
+        if not bool(ok):
+            raise ValueError(f"{message}, got {cu.tolist()}")
+    else:
+        # Checking on the host would wait for the GPU; this assert fires on the device instead.
+        torch._assert_async(ok, message)
+
+
+def _check_max_seqlen(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
+    return value
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash-attn 2.x ``flash_attn_varlen_func`` on packed (total, heads, headdim) tensors.
+
+    Causal masks are aligned bottom-right within each sequence. ``max_seqlen_*`` must be
+    at least the longest sequence (larger only costs idle programs). With
+    ``return_attn_probs=True`` the result is ``(out, softmax_lse, None)``.
+    """
+    del deterministic  # the backward is always deterministic
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, 3)
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: expected dtype {q.dtype} (the dtype of q), got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: expected device {q.device} (the device of q), got {t.device}")
+        if t.shape[-1] != q.shape[-1]:
+            raise ValueError(f"{name}: expected headdim {q.shape[-1]} (the headdim of q), got {t.shape[-1]}")
+    if v.shape[:2] != k.shape[:2]:
+        raise ValueError(f"v: expected (total_k, heads_kv) = {tuple(k.shape[:2])} as k, got {tuple(v.shape[:2])}")
+    heads_q, heads_kv, headdim = q.shape[1], k.shape[1], q.shape[2]
+    if heads_q % heads_kv:
+        raise ValueError(f"k: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}) for grouped-query "
+                         "attention; packed tensors are read as (total, heads, headdim)")
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, q.shape[0], None)
+    batch = cu_seqlens_q.shape[0] - 1
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, k.shape[0], batch)
+    max_seqlen_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    softmax_scale = check_options(
+        headdim=headdim, batch=batch, heads_q=heads_q, device=q.device, softmax_scale=softmax_scale,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+    )
+    seed = torch.randint(0, 2**62, (1,), device=q.device, dtype=torch.int64) if dropout_p > 0 else None
+    backend = select_backend(q.device, q.dtype)
+    check_backend_limits(backend, q.dtype, headdim)
+    band = normalize_window(causal, window_size)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out, lse = ops.attention_forward(
+        q, k, v, "thd", softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
+        bool(torch.backends.cuda.matmul.allow_tf32), None, float(dropout_p), seed, cu_seqlens_q, cu_seqlens_k,
+        max_seqlen_q, max_seqlen_k,
+    )
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash-attn 2.x ``flash_attn_varlen_qkvpacked_func``: qkv (total, 3, heads, headdim)."""
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4 or qkv.shape[1] != 3:
+        shape = tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__
+        raise ValueError(f"qkv: expected shape (total, 3, heads, headdim), got {shape}")
+    return flash_attn_varlen_func(
+        qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+    )
+
+
+def flash_attn_varlen_kvpacked_func(
+    q,
+    kv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash-attn 2.x ``flash_attn_varlen_kvpacked_func``: kv (total_k, 2, heads_kv, headdim)."""
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or kv.shape[1] != 2:
+        shape = tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__
+        raise ValueError(f"kv: expected shape (total_k, 2, heads_kv, headdim), got {shape}")
+    return flash_attn_varlen_func(
+        q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+    )
