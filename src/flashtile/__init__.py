@@ -5,6 +5,7 @@ Importing flashtile queries no GPU and imports no Triton: the kernels load on fi
 
 from .api import attention, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from .backends import backend_status
+from .kvcache import flash_attn_with_kvcache
 from .merge import merge_attention_states, merge_attention_states_pair
 from .reference import naive_attention
 from .reference.philox import dropout_keep_mask
@@ -20,6 +21,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
     "merge_attention_states",
     "merge_attention_states_pair",
     "naive_attention",

@@ -1,0 +1,74 @@
+"""Decode bandwidth: K/V bytes read per second by flash_attn_with_kvcache, one query token.
+
+bf16, headdim 128, GQA 32:8 and 64:8; batch × cache length over a grid. The copy
+ceiling (a device-to-device copy, bytes read + written) is measured in the same run,
+and SDPA's backends run the same problem (enable_gqa) where they accept it.
+
+    python benchmarks/decode.py --batches 32 128 --cache 8192 32768
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+import flashtile
+
+
+def copy_bandwidth() -> float:
+    src = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = do_bench(lambda: dst.copy_(src), warmup=10, rep=50, return_mode="median")
+    return 2 * src.numel() / (t * 1e-3) / 1e12  # TB/s, read + write
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batches", type=int, nargs="+", default=[32, 128])
+    p.add_argument("--cache", type=int, nargs="+", default=[8192, 32768])
+    p.add_argument("--heads", type=int, nargs="+", default=[32, 64])
+    args = p.parse_args()
+    ceiling = copy_bandwidth()
+    print(f"copy ceiling: {ceiling:.2f} TB/s (read + write)")
+    print(f"{'B':>4} {'cache':>6} {'Hq:Hkv':>7} | {'flashtile':>9} {'paged':>9} {'% copy':>7} | sdpa flash / eff / cudnn (TB/s)")
+    for heads_q in args.heads:
+        for batch in args.batches:
+            for cache in args.cache:
+                heads_kv, d = 8, 128
+                q = torch.randn(batch, 1, heads_q, d, device="cuda", dtype=torch.bfloat16)
+                k = torch.randn(batch, cache, heads_kv, d, device="cuda", dtype=torch.bfloat16)
+                v = torch.randn_like(k)
+                lens = torch.full((batch,), cache, dtype=torch.int32, device="cuda")
+                kv_bytes = 2 * k.numel() * k.element_size()
+                t = do_bench(lambda: flashtile.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens), warmup=10,
+                             rep=50, return_mode="median")
+                page = 256
+                k_paged, v_paged = k.view(-1, page, heads_kv, d), v.view(-1, page, heads_kv, d)
+                table = torch.arange(batch * cache // page, dtype=torch.int32, device="cuda").view(batch, -1)
+                t_paged = do_bench(lambda: flashtile.flash_attn_with_kvcache(q, k_paged, v_paged, cache_seqlens=lens,
+                                                                            block_table=table),
+                                   warmup=10, rep=50, return_mode="median")
+                tb = kv_bytes / (t * 1e-3) / 1e12
+                tb_paged = kv_bytes / (t_paged * 1e-3) / 1e12
+                sdpa = []
+                qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+                for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                SDPBackend.CUDNN_ATTENTION):
+                    try:
+                        with sdpa_kernel(backend):
+                            fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)  # noqa: E731
+                            fn()
+                            sdpa.append(f"{kv_bytes / (do_bench(fn, warmup=5, rep=30, return_mode='median') * 1e-3) / 1e12:.2f}")
+                    except RuntimeError:
+                        sdpa.append("n/a")
+                print(f"{batch:>4} {cache:>6} {heads_q:>4}:{heads_kv:<2} | {tb:9.2f} {tb_paged:9.2f} "
+                      f"{100 * max(tb, tb_paged) / ceiling:6.1f}% | {' / '.join(sdpa)}", flush=True)
+                del q, k, v, k_paged, v_paged
+
+
+if __name__ == "__main__":
+    main()

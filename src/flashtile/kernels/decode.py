@@ -1,0 +1,117 @@
+"""Split-KV decoding over a KV cache, contiguous or paged.
+
+One program per (KV split, batch · KV head, block of query rows). The query rows of
+a program are all (query token, query head) pairs that share one KV head, so with
+grouped-query attention each K/V tile is read once for the whole group. Every split
+walks its share of the cache with the online softmax and writes a normalised
+partial output and its LSE; the partial results are merged by LSE afterwards.
+Decoding is bound by reading K/V, so every tile applies the full mask: bounds, the
+split's range, causal/window band, left padding.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import LN2, _scores_log2
+
+
+@triton.jit
+def _decode_kernel(
+    Q, K, V, OutPartial, LsePartial, CacheSeqlens, CacheBatchIdx, LeftPad, BlockTable, Alibi,
+    stride_qb, stride_qm, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_os, stride_ob, stride_om, stride_oh,
+    stride_ls, stride_lb, stride_lh,
+    stride_bt, stride_ab, stride_ah,
+    seqlen_q, group_size, num_heads_kv, page_size, num_splits,
+    qk_scale, softcap, window_left, window_right,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    split = tl.program_id(0)
+    bh = tl.program_id(1)
+    block_m = tl.program_id(2)
+    batch = bh // num_heads_kv
+    head_kv = bh % num_heads_kv
+
+    seqlen_k = tl.load(CacheSeqlens + batch)  # valid cache entries, the new tokens included
+    start_k = 0
+    if HAS_LEFTPAD:
+        start_k = tl.load(LeftPad + batch)
+    cache_b = batch
+    if HAS_BATCH_IDX:
+        cache_b = tl.load(CacheBatchIdx + batch)
+
+    # -- the query rows: (token, head in the group) pairs sharing this KV head
+    offs_r = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    token = offs_r // group_size
+    head = head_kv * group_size + offs_r % group_size
+    row_ok = token < seqlen_q
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    d_ok = offs_d < HEAD_DIM
+    q = tl.load(Q + batch.to(tl.int64) * stride_qb + token[:, None] * stride_qm + head[:, None] * stride_qh
+                + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    alibi_slope = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_ALIBI:
+        alibi_slope = tl.load(Alibi + batch * stride_ab + head * stride_ah, mask=row_ok, other=0.0)
+
+    # -- this split's keys: whole tiles of [start_k, seqlen_k), further cut by the band
+    n_keys = seqlen_k - start_k
+    chunk = tl.cdiv(tl.cdiv(n_keys, num_splits), BLOCK_N) * BLOCK_N
+    lo = start_k + split * chunk
+    hi = tl.minimum(lo + chunk, seqlen_k)
+    offset = seqlen_k - seqlen_q  # bottom-right alignment, in absolute cache positions
+    last_token = tl.minimum((block_m * BLOCK_M + BLOCK_M - 1) // group_size, seqlen_q - 1)
+    first_token = (block_m * BLOCK_M) // group_size
+    if HAS_RIGHT:
+        hi = tl.minimum(hi, last_token + offset + window_right + 1)
+    if HAS_LEFT:
+        lo = tl.maximum(lo, first_token + offset - window_left)
+    tile_lo = lo // BLOCK_N * BLOCK_N  # tiles aligned to BLOCK_N, which divides the page size
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(tile_lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if PAGED:  # a tile lies inside one page: one block-table lookup per tile
+            page = tl.load(BlockTable + batch.to(tl.int64) * stride_bt + start_n // page_size)
+            kv_row = page.to(tl.int64) * stride_kb + (start_n % page_size + offs_n) * stride_kn
+            kv_row_v = page.to(tl.int64) * stride_vb + (start_n % page_size + offs_n) * stride_vn
+        else:
+            kv_row = cache_b.to(tl.int64) * stride_kb + cols.to(tl.int64) * stride_kn
+            kv_row_v = cache_b.to(tl.int64) * stride_vb + cols.to(tl.int64) * stride_vn
+        col_ok = (cols >= lo) & (cols < hi)
+        kT = tl.load(K + kv_row[None, :] + head_kv * stride_kh + offs_d[:, None] * stride_kd,
+                     mask=d_ok[:, None] & col_ok[None, :], other=0.0)
+        qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
+        s2, _ = _scores_log2(qk, token[:, None], cols[None, :], seqlen_q, seqlen_k, qk_scale, softcap,
+                             alibi_slope[:, None], HAS_SOFTCAP, HAS_ALIBI)
+        visible = col_ok[None, :] & row_ok[:, None]
+        if HAS_RIGHT:
+            visible = visible & (cols[None, :] <= token[:, None] + offset + window_right)
+        if HAS_LEFT:
+            visible = visible & (cols[None, :] >= token[:, None] + offset - window_left)
+        s2 = tl.where(visible, s2, float("-inf"))
+        # -- online softmax, as in _attn_fwd_inner (masked variant)
+        m_ij = tl.maximum(m_i, tl.max(s2, 1))
+        m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+        p = tl.exp2(s2 - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + kv_row_v[:, None] + head_kv * stride_vh + offs_d[None, :] * stride_vd,
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_ij
+
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    tl.store(OutPartial + split.to(tl.int64) * stride_os + batch.to(tl.int64) * stride_ob + token[:, None] * stride_om
+             + head[:, None] * stride_oh + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LsePartial + split.to(tl.int64) * stride_ls + batch.to(tl.int64) * stride_lb + head * stride_lh + token,
+             lse, mask=row_ok)

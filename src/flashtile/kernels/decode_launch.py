@@ -1,0 +1,103 @@
+"""Launcher of the split-KV decode kernel: tile sizes, the number of splits, the grid."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from ..masks import Band
+from .configs import interpreting
+from .decode import _decode_kernel
+from .launch import _dot_precision, _padded_head_dim, _qk_scale
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(batch: int, heads_kv: int, m_blocks: int, max_keys: int, device: torch.device) -> int:
+    """Enough programs to fill the GPU about twice, each keeping at least 256 keys.
+
+    Decided from shapes alone (the cache's capacity, not the device-side lengths), so
+    choosing never waits on the GPU.
+    """
+    if device.type != "cuda" or interpreting():
+        return 1
+    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    programs = batch * heads_kv * m_blocks
+    return max(1, min(2 * sms // max(programs, 1), triton.cdiv(max_keys, 256), 64))
+
+
+def _key_block(page_size: int | None) -> int:
+    # A K/V tile must not straddle two pages: BLOCK_N divides the page size.
+    if interpreting():
+        return 16
+    for block in (64, 32, 16):
+        if page_size is None or page_size % block == 0:
+            return block
+    raise ValueError(f"block_table: page size must be a multiple of 16, got {page_size}")
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    cache_batch_idx: torch.Tensor | None,
+    cache_leftpad: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    softmax_scale: float,
+    band: Band,
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    num_splits: int,
+    allow_tf32: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial results of every split: out (splits, B, Sq, Hq, D) float32, LSE (splits, B, Hq, Sq).
+
+    q: (B, Sq, Hq, D); caches: (B_cache, S_cache, Hkv, D), or (blocks, page, Hkv, D)
+    with block_table (B, pages per sequence); seqlens_k (B,) int32: valid entries.
+    """
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    heads_kv = k_cache.shape[2]
+    group = heads_q // heads_kv
+    page_size = k_cache.shape[1] if block_table is not None else None
+    max_keys = block_table.shape[1] * page_size if block_table is not None else k_cache.shape[1]
+    rows = seqlen_q * group
+    block_m = max(16, min(64, triton.next_power_of_2(rows)))
+    m_blocks = triton.cdiv(rows, block_m)
+    if num_splits <= 0:
+        num_splits = choose_num_splits(batch, heads_kv, m_blocks, max_keys, q.device)
+    block_n = _key_block(page_size)
+    out = torch.empty(num_splits, batch, seqlen_q, heads_q, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(num_splits, batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
+    dummy = seqlens_k
+    if alibi_slopes is None:
+        alibi, stride_ab, stride_ah = dummy, 0, 0
+    elif alibi_slopes.dim() == 1:
+        alibi, stride_ab, stride_ah = alibi_slopes, 0, alibi_slopes.stride(0)
+    else:
+        alibi, stride_ab, stride_ah = alibi_slopes, alibi_slopes.stride(0), alibi_slopes.stride(1)
+    grid = (num_splits, batch * heads_kv, m_blocks)
+    _decode_kernel[grid](
+        q, k_cache, v_cache, out, lse, seqlens_k,
+        cache_batch_idx if cache_batch_idx is not None else dummy,
+        cache_leftpad if cache_leftpad is not None else dummy,
+        block_table if block_table is not None else dummy, alibi,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(),
+        out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+        block_table.stride(0) if block_table is not None else 0, stride_ab, stride_ah,
+        seqlen_q, group, heads_kv, page_size or 1, num_splits,
+        _qk_scale(softmax_scale, softcap), float(softcap), max(band.left, 0), max(band.right, 0),
+        HEAD_DIM=head_dim, HEAD_DIM_PADDED=_padded_head_dim(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
+        HAS_LEFT=band.left >= 0, HAS_RIGHT=band.right >= 0, HAS_SOFTCAP=softcap > 0,
+        HAS_ALIBI=alibi_slopes is not None, PAGED=block_table is not None,
+        HAS_BATCH_IDX=cache_batch_idx is not None, HAS_LEFTPAD=cache_leftpad is not None,
+        DOT_PRECISION=_dot_precision(q.dtype, allow_tf32),
+        num_warps=1 if interpreting() else 4, num_stages=1 if interpreting() else 3,
+    )
+    return out, lse

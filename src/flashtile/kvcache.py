@@ -1,0 +1,227 @@
+"""flash-attn 2.x's ``flash_attn_with_kvcache``: decoding and chunked prefill over a KV cache.
+
+Shapes (flash-attn's):
+    q                       (batch, seqlen_q, heads_q, headdim)
+    k_cache, v_cache        (batch_cache, seqlen_cache, heads_kv, headdim), or paged:
+                            (num_blocks, page_size, heads_kv, headdim) with block_table
+    block_table             (batch, max_pages) int32: page j of sequence b is block_table[b, j]
+    k, v (optional)         (batch, seqlen_new, heads_kv, headdim): appended in place at
+                            cache_seqlens before attending
+    cache_seqlens           int or (batch,) int32: tokens already in the cache
+    cache_batch_idx         (batch,) int32: which cache row each batch entry uses
+    cache_leftpad           (batch,) int32: the cache of entry b starts at cache_leftpad[b]
+    rotary_cos, rotary_sin  (max_position, rotary_dim / 2): RoPE for q and the new k
+
+Causal masks are aligned bottom-right (query i of the new tokens sees the cache up to
+its own position). The attention splits the cache across programs (split-KV) and
+merges the parts by LSE; ``num_splits=0`` picks the number from the shapes and the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backends import select_backend
+from .masks import Band, normalize_window
+from .merge import merge_attention_states
+from .reference.tiled import tiled_attention_forward
+from .rotary import apply_rotary
+from .validation import check_backend_limits, check_options, check_tensor
+
+
+def _check_index(name: str, t, shape: tuple[int, ...], device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected an int32 torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name}: expected dtype torch.int32, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name}: expected device {device} (the device of q), got {t.device}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+
+
+def _check_on_device(ok: torch.Tensor, message: str) -> None:
+    # On the CPU a plain check; on a GPU an asynchronous device assert (no host sync).
+    if ok.device.type == "cpu":
+        if not bool(ok):
+            raise ValueError(message)
+    else:
+        torch._assert_async(ok, message)
+
+
+def _append(cache: torch.Tensor, new: torch.Tensor, positions: torch.Tensor, block_table, batch_idx) -> None:
+    """Write new (B, S_new, Hkv, D) into the cache at positions (B, S_new), in place."""
+    if block_table is not None:
+        page_size = cache.shape[1]
+        pages = torch.gather(block_table.long(), 1, positions // page_size)
+        cache[pages, positions % page_size] = new.to(cache.dtype)
+    else:
+        rows = batch_idx.long()[:, None] if batch_idx is not None else torch.arange(
+            new.shape[0], device=new.device)[:, None]
+        cache[rows, positions] = new.to(cache.dtype)
+
+
+def _reference_decode(q, k_cache, v_cache, seqlens_k, batch_idx, leftpad, block_table, softmax_scale, band: Band,
+                      softcap, alibi_slopes):
+    """The same attention in PyTorch, one sequence at a time: (out (B, Sq, Hq, D), lse (B, Hq, Sq))."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
+    for b in range(batch):
+        end = int(seqlens_k[b])
+        start = int(leftpad[b]) if leftpad is not None else 0
+        if block_table is not None:
+            page_size = k_cache.shape[1]
+            pages = block_table[b, : -(-end // page_size)].long()
+            keys, values = k_cache[pages].flatten(0, 1)[start:end], v_cache[pages].flatten(0, 1)[start:end]
+        else:
+            row = int(batch_idx[b]) if batch_idx is not None else b
+            keys, values = k_cache[row, start:end], v_cache[row, start:end]
+        if keys.shape[0] == 0:
+            out[b], lse[b] = 0, float("-inf")
+            continue
+        slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        o, l = tiled_attention_forward(q[b:b + 1].transpose(1, 2), keys[None].transpose(1, 2),
+                                       values[None].transpose(1, 2), softmax_scale, band, softcap, slopes)
+        out[b], lse[b] = o[0].transpose(0, 1), l[0]
+    return out, lse
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+):
+    """Attention of q over a KV cache, appending k/v first; shapes in the module docstring.
+
+    Returns out (batch, seqlen_q, heads_q, headdim), and the LSE (batch, heads_q,
+    seqlen_q) float32 when ``return_softmax_lse``. Inference only (no backward).
+    """
+    check_tensor("q", q, 4)
+    check_tensor("k_cache", k_cache, 4)
+    check_tensor("v_cache", v_cache, 4)
+    batch, seqlen_q, heads_q, headdim = q.shape
+    device = q.device
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: expected dtype {q.dtype} (the dtype of q), got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"{name}: expected device {device} (the device of q), got {t.device}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: expected a contiguous last dimension (it is written in place), "
+                             f"got stride {t.stride(-1)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache: expected shape {tuple(k_cache.shape)} (as k_cache), got {tuple(v_cache.shape)}")
+    heads_kv = k_cache.shape[2]
+    if k_cache.shape[3] != headdim:
+        raise ValueError(f"k_cache: expected headdim {headdim} (the headdim of q), got {k_cache.shape[3]}")
+    if heads_q % heads_kv:
+        raise ValueError(f"k_cache: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")
+
+    if block_table is not None:
+        if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.shape[0] != batch:
+            shape = tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__
+            raise ValueError(f"block_table: expected shape ({batch}, max_pages), got {shape}")
+        _check_index("block_table", block_table, tuple(block_table.shape), device)
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx: not supported with a paged cache (block_table)")
+        page_size = k_cache.shape[1]
+        if page_size % 16:
+            raise ValueError(f"k_cache: page size (dim 1 of a paged cache) must be a multiple of 16, got {page_size}")
+        capacity = block_table.shape[1] * page_size
+        _check_on_device(((block_table >= 0) & (block_table < k_cache.shape[0])).all(),
+                         f"block_table: expected page indices in [0, {k_cache.shape[0]}) (the cache's blocks)")
+    else:
+        capacity = k_cache.shape[1]
+        if cache_batch_idx is not None:
+            _check_index("cache_batch_idx", cache_batch_idx, (batch,), device)
+            _check_on_device(((cache_batch_idx >= 0) & (cache_batch_idx < k_cache.shape[0])).all(),
+                             f"cache_batch_idx: expected rows in [0, {k_cache.shape[0]}) (the cache's batch)")
+        elif k_cache.shape[0] != batch:
+            raise ValueError(f"k_cache: expected batch {batch} (the batch of q) without cache_batch_idx, "
+                             f"got {k_cache.shape[0]}")
+
+    if (k is None) != (v is None):
+        raise ValueError("k, v: give both new keys and values, or neither")
+    seqlen_new = 0
+    if k is not None:
+        check_tensor("k", k, 4)
+        check_tensor("v", v, 4)
+        if k.shape != v.shape or k.shape[0] != batch or k.shape[2:] != (heads_kv, headdim):
+            raise ValueError(f"k, v: expected shape ({batch}, seqlen_new, {heads_kv}, {headdim}), "
+                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+        seqlen_new = k.shape[1]
+
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError("cache_seqlens: required when appending k and v (where should they go?)")
+        cache_seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=device)
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
+    _check_index("cache_seqlens", cache_seqlens, (batch,), device)
+    if cache_leftpad is not None:
+        _check_index("cache_leftpad", cache_leftpad, (batch,), device)
+        _check_on_device(((cache_leftpad >= 0) & (cache_leftpad <= cache_seqlens)).all(),
+                         "cache_leftpad: expected 0 <= cache_leftpad <= cache_seqlens")
+    _check_on_device(((cache_seqlens >= 0) & (cache_seqlens + seqlen_new <= capacity)).all(),
+                     f"cache_seqlens: expected 0 <= cache_seqlens and cache_seqlens + {seqlen_new} new tokens "
+                     f"<= {capacity} (the cache's capacity)")
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"num_splits: expected an int >= 0 (0 = choose), got {num_splits!r}")
+    softmax_scale = check_options(
+        headdim=headdim, batch=batch, heads_q=heads_q, device=device, softmax_scale=softmax_scale,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=0.0,
+    )
+    band = normalize_window(causal, window_size)
+
+    if rotary_cos is not None:
+        if rotary_sin is None or rotary_sin.shape != rotary_cos.shape or rotary_cos.dim() != 2:
+            raise ValueError("rotary_cos, rotary_sin: expected two (max_position, rotary_dim / 2) tables of one shape")
+        base = cache_seqlens.long()[:, None]
+        if band.left >= 0 or band.right >= 0:  # causal or local: each new query at its own position
+            q_positions = base + torch.arange(seqlen_q, device=device)
+        else:  # as flash-attn: all queries at the position of the first new token
+            q_positions = base.expand(batch, seqlen_q)
+        q = apply_rotary(q, rotary_cos, rotary_sin, q_positions, rotary_interleaved)
+        if k is not None:
+            k = apply_rotary(k, rotary_cos, rotary_sin, base + torch.arange(seqlen_new, device=device),
+                             rotary_interleaved)
+    if k is not None:
+        positions = cache_seqlens.long()[:, None] + torch.arange(seqlen_new, device=device)
+        _append(k_cache, k, positions, block_table, cache_batch_idx)
+        _append(v_cache, v, positions, block_table, cache_batch_idx)
+    seqlens_k = (cache_seqlens + seqlen_new).to(torch.int32)
+
+    backend = select_backend(device, q.dtype)
+    check_backend_limits(backend, q.dtype, headdim)
+    if backend == "triton":
+        from .kernels.decode_launch import decode_attention_triton
+
+        out_parts, lse_parts = decode_attention_triton(
+            q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, softmax_scale, band,
+            float(softcap), alibi_slopes, num_splits, bool(torch.backends.cuda.matmul.allow_tf32))
+        if out_parts.shape[0] == 1:
+            out, lse = out_parts[0], lse_parts[0]
+        else:
+            out, lse = merge_attention_states(out_parts, lse_parts)
+        out = out.to(q.dtype)
+    else:
+        out, lse = _reference_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table,
+                                     softmax_scale, band, float(softcap), alibi_slopes)
+    return (out, lse) if return_softmax_lse else out

@@ -1,0 +1,221 @@
+"""flash_attn_with_kvcache: in-place append, rotary, paged and contiguous caches,
+split-KV decoding, against the float64 oracle over the cache each sequence sees."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flashtile
+from flashtile.testing import assert_close_to_oracle, max_error
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(params=["reference", "triton"])
+def backend(request, monkeypatch):
+    monkeypatch.setenv("FLASHTILE_BACKEND", request.param)
+    return request.param
+
+
+def plain_rotary(x, cos, sin, positions, interleaved):
+    """RoPE via complex multiplication: an implementation independent of flashtile.rotary."""
+    r = 2 * cos.shape[1]
+    xr = x[..., :r].double()
+    pairs = xr.unflatten(-1, (r // 2, 2)) if interleaved else torch.stack(xr.chunk(2, dim=-1), dim=-1)
+    z = torch.view_as_complex(pairs.contiguous())
+    angle = torch.polar(torch.ones_like(cos.double()), torch.atan2(sin.double(), cos.double()))[positions][:, :, None]
+    w = torch.view_as_real(z * angle)
+    rotated = w.flatten(-2) if interleaved else torch.cat((w[..., 0], w[..., 1]), dim=-1)
+    return torch.cat((rotated.to(x.dtype), x[..., r:]), dim=-1)
+
+
+def rope_tables(max_pos, rotary_dim, device=DEVICE):
+    inv = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device=device).float() / rotary_dim))
+    angles = torch.arange(max_pos, device=device).float()[:, None] * inv[None]
+    return angles.cos(), angles.sin()
+
+
+def run_case(*, batch=3, seqlen_q=1, heads_q=4, heads_kv=2, headdim=32, capacity=80, seqlen_new=1, paged=False,
+             page_size=16, batch_idx=False, leftpad=False, rotary=None, num_splits=0, dtype=torch.float32,
+             alibi=False, **options):
+    torch.manual_seed(1)  # the same inputs on every call, so calls can be compared
+    g = torch.Generator(device="cpu").manual_seed(0)
+    lengths = torch.randint(0, capacity - seqlen_new + 1, (batch,), generator=g).to(torch.int32)
+    lengths[0] = capacity - seqlen_new  # one full cache
+    q = torch.randn(batch, seqlen_q, heads_q, headdim, dtype=dtype, device=DEVICE)
+    k_new = torch.randn(batch, seqlen_new, heads_kv, headdim, dtype=dtype, device=DEVICE) if seqlen_new else None
+    v_new = torch.randn_like(k_new) if seqlen_new else None
+    rows = batch + 2 if batch_idx else batch
+    logical_k = torch.randn(rows, capacity, heads_kv, headdim, dtype=dtype, device=DEVICE)
+    logical_v = torch.randn_like(logical_k)
+    cache_batch_idx = torch.randperm(rows, generator=g)[:batch].to(torch.int32).to(DEVICE) if batch_idx else None
+    cache_leftpad = (torch.minimum(lengths, torch.randint(0, 9, (batch,), generator=g).to(torch.int32)).to(DEVICE)
+                     if leftpad else None)
+    cache_seqlens = lengths.to(DEVICE)
+    cos = sin = None
+    if rotary is not None:
+        cos, sin = rope_tables(capacity + seqlen_q, rotary[0])
+
+    # What the cache must hold after the call, built by hand.
+    expected_k, expected_v = logical_k.clone(), logical_v.clone()
+    k_rot = k_new
+    if seqlen_new:
+        if rotary is not None:
+            pos = cache_seqlens.long()[:, None] + torch.arange(seqlen_new, device=DEVICE)
+            k_rot = plain_rotary(k_new, cos, sin, pos, rotary[1])
+        cache_rows = cache_batch_idx.long() if batch_idx else torch.arange(batch, device=DEVICE)
+        for b in range(batch):
+            start = int(lengths[b])
+            expected_k[cache_rows[b], start:start + seqlen_new] = k_rot[b]
+            expected_v[cache_rows[b], start:start + seqlen_new] = v_new[b]
+
+    if paged:  # scatter the logical cache over shuffled pages
+        pages_per_seq = capacity // page_size
+        num_blocks = rows * pages_per_seq + 3
+        perm = torch.randperm(num_blocks, generator=g)[: batch * pages_per_seq].to(DEVICE)
+        block_table = perm.view(batch, pages_per_seq).to(torch.int32)
+        k_cache = torch.randn(num_blocks, page_size, heads_kv, headdim, dtype=dtype, device=DEVICE)
+        v_cache = torch.randn_like(k_cache)
+        k_cache[block_table.long()] = logical_k[:batch].unflatten(1, (pages_per_seq, page_size))
+        v_cache[block_table.long()] = logical_v[:batch].unflatten(1, (pages_per_seq, page_size))
+    else:
+        block_table = None
+        k_cache, v_cache = logical_k.clone(), logical_v.clone()
+    slopes = torch.rand(batch, heads_q, device=DEVICE) if alibi else None
+
+    out, lse = flashtile.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=cache_seqlens,
+        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
+        rotary_interleaved=rotary[1] if rotary else True, num_splits=num_splits, alibi_slopes=slopes,
+        return_softmax_lse=True, **options)
+
+    # In-place append, checked element by element (and nothing else touched). Rotated keys
+    # come from two implementations of RoPE, so they agree to rounding, not bit for bit.
+    if paged:
+        got_k = k_cache[block_table.long()].flatten(1, 2)
+        got_v = v_cache[block_table.long()].flatten(1, 2)
+        expected_k, expected_v = expected_k[:batch], expected_v[:batch]
+    else:
+        got_k, got_v = k_cache, v_cache
+    assert torch.equal(got_v, expected_v)
+    if rotary is None:
+        assert torch.equal(got_k, expected_k)
+    else:
+        assert max_error(got_k, expected_k) < (1e-2 if dtype != torch.float32 else 1e-5)
+        untouched = (got_k == expected_k).float().mean()
+        assert untouched > 0.5, "the cache outside the appended tokens must be left as it was"
+
+    # The oracle: each sequence attends over its (left-padded) cache, q rotated like flash-attn.
+    q_ref = q
+    if rotary is not None:
+        base = cache_seqlens.long()[:, None]
+        causal_or_local = options.get("causal") or options.get("window_size", (-1, -1)) != (-1, -1)
+        pos = base + torch.arange(seqlen_q, device=DEVICE) if causal_or_local else base.expand(batch, seqlen_q)
+        q_ref = plain_rotary(q, cos, sin, pos, rotary[1])
+    refs, pts, lses = [], [], []
+    for b in range(batch):
+        row = int(cache_batch_idx[b]) if batch_idx else b
+        start = int(cache_leftpad[b]) if leftpad else 0
+        end = int(lengths[b]) + seqlen_new
+        keys, values = expected_k[row, start:end][None], expected_v[row, start:end][None]
+        sl = slopes[b] if alibi else None
+        if end == start:
+            refs.append(torch.zeros(seqlen_q, heads_q, headdim, dtype=torch.float64, device=DEVICE))
+            pts.append(torch.zeros(seqlen_q, heads_q, headdim, dtype=dtype, device=DEVICE))
+            lses.append(torch.full((heads_q, seqlen_q), float("-inf"), dtype=torch.float64, device=DEVICE))
+            continue
+        o, l = flashtile.naive_attention(q_ref[b:b + 1], keys, values, alibi_slopes=sl, return_lse=True, **options)
+        refs.append(o[0])
+        lses.append(l[0])
+        pts.append(flashtile.naive_attention(q_ref[b:b + 1], keys, values, alibi_slopes=sl, upcast=False,
+                                             **options)[0])
+    assert_close_to_oracle("out", out, torch.stack(refs), torch.stack(pts))
+    assert max_error(lse, torch.stack(lses)) < 1e-4
+    return out
+
+
+CASES = {
+    "decode-causal": dict(causal=True),
+    "decode-paged": dict(paged=True, causal=True),
+    "prefill-chunk": dict(seqlen_q=5, seqlen_new=5, causal=True, paged=True, page_size=32, capacity=96),
+    "no-append": dict(seqlen_new=0, seqlen_q=2),
+    "batch-idx-leftpad": dict(batch_idx=True, leftpad=True, causal=True),
+    "rotary-interleaved": dict(rotary=(16, True), causal=True),
+    "rotary-halves-noncausal": dict(rotary=(32, False)),
+    "window-softcap-alibi-mqa": dict(heads_kv=1, window_size=(20, 0), softcap=5.0, alibi=True),
+    "splits-3": dict(num_splits=3, causal=True, paged=True),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kvcache_matches_oracle(backend, name):
+    run_case(**CASES[name])
+
+
+def test_every_num_splits_equals_no_split(backend):
+    outs = [run_case(num_splits=n, causal=True, capacity=96) for n in (1, 2, 3, 7)]
+    for o in outs[1:]:
+        assert max_error(o, outs[0]) < 1e-5
+
+
+def test_paged_equals_contiguous(backend):
+    a = run_case(paged=False, causal=True, seqlen_q=2, seqlen_new=2)
+    b = run_case(paged=True, causal=True, seqlen_q=2, seqlen_new=2)
+    assert max_error(a, b) < 1e-5
+
+
+def test_float16_on_the_kernels(monkeypatch):
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    run_case(dtype=torch.float16, causal=True, paged=True)
+
+
+def test_rotary_matches_plain_formula():
+    from flashtile.rotary import apply_rotary
+
+    cos, sin = rope_tables(40, 16, "cpu")
+    x = torch.randn(2, 5, 3, 24)
+    pos = torch.randint(0, 40, (2, 5))
+    for interleaved in (True, False):
+        assert max_error(apply_rotary(x, cos, sin, pos, interleaved), plain_rotary(x, cos, sin, pos, interleaved)) < 1e-5
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(cache_seqlens=torch.tensor([79, 1], dtype=torch.int32), k=True), ValueError,
+     r"^cache_seqlens: expected 0 <= cache_seqlens and cache_seqlens \+ 2 new tokens <= 80"),
+    (dict(cache_seqlens=torch.tensor([1, 1])), TypeError, r"^cache_seqlens: expected dtype torch.int32"),
+    (dict(block_table=torch.tensor([[0, 1], [2, 99]], dtype=torch.int32), paged=True), ValueError,
+     r"^block_table: expected page indices in \[0, 10\)"),
+    (dict(block_table=torch.zeros(3, 2, dtype=torch.int32), paged=True), ValueError, r"^block_table: expected shape"),
+    (dict(cache_batch_idx=torch.tensor([0, 5], dtype=torch.int32)), ValueError,
+     r"^cache_batch_idx: expected rows in \[0, 2\)"),
+    (dict(num_splits=-1), ValueError, r"^num_splits: expected an int >= 0"),
+    (dict(k_only=True), ValueError, r"^k, v: give both"),
+])
+def test_bad_kvcache_arguments(kwargs, error, match):
+    q = torch.randn(2, 1, 2, 16)
+    if kwargs.pop("paged", False):
+        k_cache = torch.randn(10, 16, 2, 16)
+    else:
+        k_cache = torch.randn(2, 80, 2, 16)
+    v_cache = torch.randn_like(k_cache)
+    if kwargs.pop("k", False):
+        kwargs.update(k=torch.randn(2, 2, 2, 16), v=torch.randn(2, 2, 2, 16))
+    if kwargs.pop("k_only", False):
+        kwargs.update(k=torch.randn(2, 1, 2, 16), cache_seqlens=3)
+    kwargs.setdefault("cache_seqlens", 3)
+    with pytest.raises(error, match=match):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("headdim", [64, 128])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_gpu_kvcache(dtype, headdim, paged, monkeypatch):
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    run_case(batch=4, heads_q=32, heads_kv=8, headdim=headdim, capacity=4096, paged=paged, page_size=256,
+             dtype=dtype, causal=True, rotary=(headdim, False))
+    run_case(batch=2, seqlen_q=7, seqlen_new=7, heads_q=8, heads_kv=8, headdim=headdim, capacity=1024, paged=paged,
+             page_size=64, dtype=dtype, causal=True, num_splits=5)
