@@ -321,7 +321,7 @@ def test_torch_compile_fullgraph_inductor():
 
 
 OP_CASES = {
-    "bshd-gqa-causal": dict(layout="bshd", shape=(2, 9, 5, 4, 2, 16), args=(0.25, -1, 0, 0.0, None)),
+    "bshd-gqa-causal": dict(layout="bshd", shape=(2, 9, 5, 4, 2, 16), args=(0.25, None, 0, 0.0, None)),
     "bhsd-window-softcap-alibi": dict(layout="bhsd", shape=(1, 7, 12, 2, 2, 8), args=(0.3, 3, 1, 2.0, "alibi")),
 }
 
@@ -341,10 +341,10 @@ def test_opcheck_attention_forward(name):
 
 def test_opcheck_attention_backward():
     q, k, v = make_qkv(1, 9, 6, 2, 1, 16, requires_grad=False)
-    out, lse = torch.ops.flashtile.attention_forward(q, k, v, "bshd", 0.25, -1, 0, 0.0, None, "reference", False,
+    out, lse = torch.ops.flashtile.attention_forward(q, k, v, "bshd", 0.25, None, 0, 0.0, None, "reference", False,
                                                      None, 0.0, None, None, None, 0, 0)
     for dlse in (torch.randn_like(lse), None):
-        args = (torch.randn_like(out), dlse, q, k, v, out, lse, "bshd", 0.25, -1, 0, 0.0, None, "reference", False,
+        args = (torch.randn_like(out), dlse, q, k, v, out, lse, "bshd", 0.25, None, 0, 0.0, None, "reference", False,
                 None, 0.0, None, None, None, 0, 0, False)
         result = torch.library.opcheck(torch.ops.flashtile.attention_backward.default, args)
         failed = {test: status for test, status in result.items() if status != "SUCCESS"}

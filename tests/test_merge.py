@@ -32,9 +32,9 @@ def chunk_window(causal, window_size, seqlen_k, start, end):
     """
     band = normalize_window(causal, window_size)
     shift = seqlen_k - end
-    left = -1 if band.left < 0 else band.left - shift
-    assert band.left < 0 or left >= 0, f"chunk [{start}, {end}): band not expressible, pick other bounds"
-    right = -1 if band.right < 0 else band.right + shift
+    left = -1 if band.left is None else band.left - shift
+    assert band.left is None or left >= 0, f"chunk [{start}, {end}): band not expressible, pick other bounds"
+    right = -1 if band.right is None else band.right + shift
     return left, right
 
 

@@ -9,6 +9,7 @@ from .kvcache import flash_attn_with_kvcache
 from .merge import merge_attention_states, merge_attention_states_pair
 from .reference import naive_attention
 from .reference.philox import dropout_keep_mask
+from .sdpa import scaled_dot_product_attention, use_flashtile_sdpa
 from .varlen import flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func
 
 __version__ = "0.1.0"
@@ -22,6 +23,8 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_with_kvcache",
+    "scaled_dot_product_attention",
+    "use_flashtile_sdpa",
     "merge_attention_states",
     "merge_attention_states_pair",
     "naive_attention",

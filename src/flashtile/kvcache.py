@@ -194,7 +194,7 @@ def flash_attn_with_kvcache(
         if rotary_sin is None or rotary_sin.shape != rotary_cos.shape or rotary_cos.dim() != 2:
             raise ValueError("rotary_cos, rotary_sin: expected two (max_position, rotary_dim / 2) tables of one shape")
         base = cache_seqlens.long()[:, None]
-        if band.left >= 0 or band.right >= 0:  # causal or local: each new query at its own position
+        if not band.is_full:  # causal or local: each new query at its own position
             q_positions = base + torch.arange(seqlen_q, device=device)
         else:  # as flash-attn: all queries at the position of the first new token
             q_positions = base.expand(batch, seqlen_q)

@@ -6,8 +6,10 @@ are aligned bottom-right, as in flash-attn >= 2.1), query row ``i`` may see key
 
     i + offset - window_left  <=  j  <=  i + offset + window_right
 
-where a negative window bound means "unbounded" on that side. ``causal=True`` is
-the band with ``window_right = 0``. For seqlen_q = 3, seqlen_k = 5, causal::
+where a missing bound (``None``; ``-1`` in flash-attn's ``window_size``) means
+"unbounded" on that side. ``causal=True`` is the band with ``window_right = 0``.
+Internally the bounds may be any integers, negative too: PyTorch's top-left causal
+mask for seqlen_q < seqlen_k is the band ``right = seqlen_q - seqlen_k``. For seqlen_q = 3, seqlen_k = 5, causal::
 
     keys  0 1 2 3 4
     q0    x x x . .
@@ -35,18 +37,15 @@ from typing import NamedTuple
 
 import torch
 
-UNBOUNDED = -1
-
-
 class Band(NamedTuple):
-    """A normalized attention band: ``left``/``right`` are -1 when unbounded."""
+    """A normalized attention band: ``left``/``right`` are None when unbounded."""
 
-    left: int
-    right: int
+    left: int | None
+    right: int | None
 
     @property
     def is_full(self) -> bool:
-        return self.left < 0 and self.right < 0
+        return self.left is None and self.right is None
 
 
 def normalize_window(causal: bool, window_size: tuple[int, int]) -> Band:
@@ -56,8 +55,8 @@ def normalize_window(causal: bool, window_size: tuple[int, int]) -> Band:
     side at 0 (a query never sees keys after its own bottom-right-aligned position).
     """
     left, right = (int(w) for w in window_size)
-    left = UNBOUNDED if left < 0 else left
-    right = UNBOUNDED if right < 0 else right
+    left = None if left < 0 else left
+    right = None if right < 0 else right
     if causal:
         right = 0
     return Band(left, right)
@@ -68,9 +67,9 @@ def band_mask(seqlen_q: int, seqlen_k: int, band: Band, device=None) -> torch.Te
     i = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)
     j = torch.arange(seqlen_k, device=device)[None, :]
     allowed = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
-    if band.left >= 0:
+    if band.left is not None:
         allowed &= j >= i - band.left
-    if band.right >= 0:
+    if band.right is not None:
         allowed &= j <= i + band.right
     return allowed
 
@@ -92,8 +91,8 @@ def alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int) -> torch.Tens
 def key_range(q_lo: int, q_hi: int, seqlen_q: int, seqlen_k: int, band: Band) -> tuple[int, int]:
     """Keys ``[lo, hi)`` that any query row in ``[q_lo, q_hi)`` may see."""
     offset = seqlen_k - seqlen_q
-    lo = 0 if band.left < 0 else max(0, q_lo + offset - band.left)
-    hi = seqlen_k if band.right < 0 else min(seqlen_k, q_hi - 1 + offset + band.right + 1)
+    lo = 0 if band.left is None else max(0, q_lo + offset - band.left)
+    hi = seqlen_k if band.right is None else min(seqlen_k, q_hi - 1 + offset + band.right + 1)
     return lo, max(lo, hi)
 
 
@@ -101,7 +100,7 @@ def query_range(k_lo: int, k_hi: int, seqlen_q: int, seqlen_k: int, band: Band) 
     """Query rows ``[lo, hi)`` that see at least one key in ``[k_lo, k_hi)``."""
     offset = seqlen_k - seqlen_q
     # j <= i + offset + right  <=>  i >= j - offset - right
-    lo = 0 if band.right < 0 else max(0, k_lo - offset - band.right)
+    lo = 0 if band.right is None else max(0, k_lo - offset - band.right)
     # j >= i + offset - left   <=>  i <= j - offset + left
-    hi = seqlen_q if band.left < 0 else min(seqlen_q, k_hi - 1 - offset + band.left + 1)
+    hi = seqlen_q if band.left is None else min(seqlen_q, k_hi - 1 - offset + band.left + 1)
     return lo, max(lo, hi)

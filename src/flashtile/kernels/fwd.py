@@ -54,7 +54,7 @@ def _attn_fwd_inner(
         #    subtracting 0 instead keeps exp2 away from (-inf) - (-inf) = NaN
         m_ij = tl.maximum(m_i, tl.max(s2, 1))
         m_safe = m_ij
-        if MASKED:
+        if MASKED or HAS_BIAS:  # a bias may hold -inf (a boolean mask turned additive)
             m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
         p = tl.exp2(s2 - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)

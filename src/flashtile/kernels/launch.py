@@ -124,7 +124,7 @@ def attention_forward_triton(
     heads_kv = k.shape[1]
     batch, seqlen_q, seqlen_k = _problem(q, k, varlen)
     head_dim_padded = _padded_head_dim(head_dim)
-    causal_like = band.right >= 0  # causal or a right window: the diagonal-heavy configs
+    causal_like = band.right is not None  # causal or a right window: the diagonal-heavy configs
     if varlen is None:
         lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
         cu_q = cu_k = lse  # dummy pointers: never read unless IS_VARLEN
@@ -141,9 +141,9 @@ def attention_forward_triton(
             *_batch_stride(q, varlen), *_batch_stride(k, varlen), *_batch_stride(v, varlen),
             *_batch_stride(out, varlen), stride_ab, stride_ah, *bias_strides, *_lse_strides(lse, varlen),
             heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
-            _qk_scale(softmax_scale, softcap), float(softcap), max(band.left, 0), max(band.right, 0),
+            _qk_scale(softmax_scale, softcap), float(softcap), band.left or 0, band.right or 0,
             dropout_seed if dropout_seed is not None else lse, float(dropout_p),
-            HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left >= 0, HAS_RIGHT=causal_like,
+            HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left is not None, HAS_RIGHT=causal_like,
             HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_BIAS=bias is not None,
             HAS_DROPOUT=dropout_p > 0, IS_VARLEN=varlen is not None,
             DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), **_launch_args(cfg),
@@ -189,7 +189,7 @@ def attention_backward_triton(
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     head_dim_padded = _padded_head_dim(head_dim)
-    causal_like = band.right >= 0  # causal or a right window: the diagonal-heavy configs
+    causal_like = band.right is not None  # causal or a right window: the diagonal-heavy configs
     cfg_dkdv, cfg_dq = backward_configs(head_dim_padded, q.dtype, causal_like, q.device)
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
@@ -204,14 +204,14 @@ def attention_backward_triton(
                   if has_dbias else delta)
     seed = dropout_seed if dropout_seed is not None else lse  # a dummy pointer without dropout
     common = dict(
-        HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left >= 0, HAS_RIGHT=causal_like,
+        HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left is not None, HAS_RIGHT=causal_like,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_BIAS=bias is not None,
         HAS_DROPOUT=dropout_p > 0, IS_VARLEN=varlen is not None, DOT_PRECISION=_dot_precision(q.dtype, allow_tf32),
     )
     strides = (*_batch_stride(q, varlen), *_batch_stride(k, varlen), *_batch_stride(v, varlen),
                *_batch_stride(dout, varlen))
     lse_strides = _lse_strides(lse, varlen)
-    window = (max(band.left, 0), max(band.right, 0))
+    window = (band.left or 0, band.right or 0)
     qk_scale = _qk_scale(softmax_scale, softcap)
 
     pre_block = 64

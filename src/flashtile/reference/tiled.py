@@ -70,9 +70,9 @@ def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_sc
     if bias_tile is not None:
         s = s + bias_tile.to(s.dtype)
     allowed = torch.ones_like(rows, dtype=torch.bool) & torch.ones_like(cols, dtype=torch.bool)
-    if band.left >= 0:
+    if band.left is not None:
         allowed = allowed & (cols >= rows - band.left)
-    if band.right >= 0:
+    if band.right is not None:
         allowed = allowed & (cols <= rows + band.right)
     return s.masked_fill(~allowed, float("-inf")), tanh
 
