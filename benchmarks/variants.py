@@ -44,9 +44,32 @@ def main():
         print(f"{name:32s} {fwd:8.2f} / {bwd:8.2f}   ({base[0] / fwd:5.2f}x / {base[1] / bwd:5.2f}x)", flush=True)
 
 
+def varlen_vs_dense(num_seqs=8, seqlen=2048):
+    """Packed sequences of equal length against the dense batch with the same tokens."""
+    q, k, v = (torch.randn(num_seqs, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    cu = torch.arange(0, (num_seqs + 1) * seqlen, seqlen, dtype=torch.int32, device="cuda")
+    qp, kp, vp = (t.detach().flatten(0, 1).requires_grad_() for t in (q, k, v))
+    results = {}
+    for name, fn, leaves in (
+        ("dense", lambda: flashtile.flash_attn_func(q, k, v, causal=True), (q, k, v)),
+        ("varlen", lambda: flashtile.flash_attn_varlen_func(qp, kp, vp, cu, cu, seqlen, seqlen, causal=True),
+         (qp, kp, vp)),
+    ):
+        out = fn()
+        dout = torch.randn_like(out)
+        results[name] = (do_bench(fn, warmup=10, rep=50, return_mode="median"),
+                         do_bench(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True), warmup=10, rep=50,
+                                  return_mode="median"))
+    (df, db), (vf, vb) = results["dense"], results["varlen"]
+    print(f"varlen vs dense ({num_seqs} x {seqlen}, causal): fwd {vf:.3f} vs {df:.3f} ms ({vf / df:.2f}x), "
+          f"bwd {vb:.3f} vs {db:.3f} ms ({vb / db:.2f}x)", flush=True)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqlen", type=int, default=32768)
     parser.add_argument("--window", type=int, default=1024)
     ARGS = parser.parse_args()
     main()
+    varlen_vs_dense()

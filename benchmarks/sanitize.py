@@ -1,0 +1,28 @@
+"""Small odd-shaped calls of every kernel, for `compute-sanitizer --tool memcheck`.
+
+    compute-sanitizer --tool memcheck python benchmarks/sanitize.py
+"""
+
+import torch
+
+import flashtile
+
+torch.manual_seed(0)
+for (b, sq, sk, hq, hkv, d, causal) in [(1, 17, 33, 4, 2, 40, True), (2, 113, 17, 2, 1, 80, False),
+                                          (1, 1, 203, 8, 8, 256, True)]:
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.randn(hq, sq, sk, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = flashtile.attention(q, k, v, causal=causal, bias=bias, dropout_p=0.1, window_size=(30, -1))
+    out.sum().backward()
+cu = torch.tensor([0, 5, 5, 40], dtype=torch.int32, device="cuda")
+x = torch.randn(43, 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+flashtile.flash_attn_varlen_func(x, x, x, cu, cu, 35, 35, causal=True).sum().backward()
+kc = torch.randn(12, 16, 2, 64, device="cuda", dtype=torch.float16)
+table = torch.randperm(12, device="cuda")[:8].view(2, 4).to(torch.int32)
+flashtile.flash_attn_with_kvcache(torch.randn(2, 3, 4, 64, device="cuda", dtype=torch.float16), kc, kc.clone(),
+                                  block_table=table, cache_seqlens=torch.tensor([50, 7], dtype=torch.int32,
+                                                                               device="cuda"), causal=True)
+torch.cuda.synchronize()
+print("sanitize: all kernels ran")
