@@ -135,12 +135,6 @@ def test_demo_on_cuda_without_a_gpu_is_an_error(capsys):
     assert "no CUDA GPU" in capsys.readouterr().err
 
 
-def test_bench_is_not_implemented_yet(run_cli):
-    code, out, err = run_cli("bench")
-    assert code == 2
-    assert "not implemented" in err
-
-
 def test_python_dash_m_runs_the_same_command():
     env = {k: v for k, v in os.environ.items() if k != "FLASHTILE_BACKEND"} | {"COLUMNS": "250"}
     result = subprocess.run(

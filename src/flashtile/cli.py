@@ -4,7 +4,8 @@
                       with the float64 oracle, time and peak memory, and a long context
                       that standard attention could not hold
     flashtile info    versions, CUDA devices, backends and why one is unavailable
-    flashtile bench   the benchmark suite (not implemented yet)
+    flashtile bench   TFLOP/s of flashtile against what PyTorch ships, in one run
+                      (--quick: a tiny grid, anywhere; see flashtile.bench)
 
 CUDA is queried inside a command only, never at import.
 """
@@ -28,6 +29,7 @@ from rich.table import Table
 from . import __version__
 from .api import attention
 from .backends import backend_status, requested_backend, select_backend, triton_status
+from .bench import cli as bench_cli
 from .masks import normalize_window
 from .memory import track_peak_memory
 from .reference import naive_attention, tiled_attention_forward
@@ -373,12 +375,7 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
 
 
 def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser, console: Console) -> int:
-    print(
-        "flashtile bench: the benchmark suite is not implemented yet. "
-        "`flashtile demo` times one problem against standard attention.",
-        file=sys.stderr,
-    )
-    return 2
+    return bench_cli.run(args, parser, console)
 
 
 # -- argument parsing
@@ -434,7 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser("info", help="versions, CUDA devices, backends and why one is unavailable")
     info.set_defaults(handler=cmd_info)
 
-    bench = commands.add_parser("bench", help="the benchmark suite (not implemented yet)")
+    bench = commands.add_parser("bench", help="TFLOP/s against SDPA, FlexAttention and others; first-call cost",
+                                description=bench_cli.DESCRIPTION)
+    bench_cli.add_arguments(bench)
     bench.set_defaults(handler=cmd_bench)
     return parser
 
