@@ -3,6 +3,7 @@
 Importing flashtile queries no GPU and imports no Triton: the kernels load on first use.
 """
 
+from . import io, nn
 from .api import attention, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from .backends import backend_status
 from .kvcache import flash_attn_with_kvcache
@@ -30,5 +31,7 @@ __all__ = [
     "naive_attention",
     "dropout_keep_mask",
     "backend_status",
+    "io",
+    "nn",
     "__version__",
 ]

@@ -28,19 +28,19 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
 
     Args:
         x: (batch, seqlen, heads, head_dim), any float dtype.
-        cos, sin: (seqlen, rotary_dim // 2), float32 or float64: cos/sin of the angle of
+        cos, sin: (seqlen, rotary_dim // 2), any float dtype: cos/sin of the angle of
             each (position, pair).
         interleaved: pairs are (2i, 2i+1) if True, (i, i + rotary_dim/2) if False.
 
     Returns:
         A new tensor of x's shape and dtype. Each pair (a, b) becomes
-        (a·cos − b·sin, a·sin + b·cos); the arithmetic runs in cos's dtype (at least
-        float32), so half-precision inputs are rounded once, at the end.
+        (a·cos − b·sin, a·sin + b·cos), computed in float32 (float64 if x or cos is),
+        so half-precision inputs are rounded once, at the end.
     """
     rotary_dim = 2 * cos.shape[-1]
     if rotary_dim > x.shape[-1]:
         raise ValueError(f"cos: expected at most head_dim/2 = {x.shape[-1] // 2} pairs, got {cos.shape[-1]}")
-    compute = torch.promote_types(x.dtype, cos.dtype)
+    compute = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
     rot, rest = x[..., :rotary_dim].to(compute), x[..., rotary_dim:]
     cos, sin = cos[:, None, :].to(compute), sin[:, None, :].to(compute)  # (seqlen, 1, pairs): broadcast over heads
     if interleaved:
@@ -59,7 +59,8 @@ class RotaryEmbedding(nn.Module):
     Pair i (0 ≤ i < rotary_dim/2) at position p is rotated by the angle
     ``p · base^(−2i / rotary_dim)``. Angles are computed in float64 and cached as
     float32 (float32 angles lose ~0.01 rad at position 10⁵). The cache is a
-    non-persistent buffer: it follows ``.to(device)`` but is not in ``state_dict``.
+    non-persistent buffer: it follows ``.to(device)`` but is not in ``state_dict``, and
+    it is rebuilt in float32 if ``.to(dtype)`` has cast it.
 
     Args:
         rotary_dim: channels rotated (even); the first rotary_dim channels of each
@@ -91,6 +92,8 @@ class RotaryEmbedding(nn.Module):
     def cos_sin(self, seqlen: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of positions offset … offset+seqlen−1: two float32 (seqlen, rotary_dim/2)."""
         end = offset + seqlen
+        if self.cos_cached.dtype != torch.float32:  # model.to(bfloat16) rounded the cache: rebuild it
+            self._build_cache(self.cos_cached.shape[0], self.cos_cached.device)
         if end > self.cos_cached.shape[0]:
             self._build_cache(max(end, 2 * self.cos_cached.shape[0]), self.cos_cached.device)
         return self.cos_cached[offset:end], self.sin_cached[offset:end]

@@ -1,0 +1,103 @@
+"""Compile every Triton kernel for Hopper (sm_90) on any machine, no GPU needed.
+
+The interpreter runs the kernels' Python, not Triton's compiler: errors that only the
+compiler sees (a non-constexpr global, a type clash between static branches, an
+unsupported op) pass the CPU suite. This compiles each kernel down to a cubin with
+Triton's bundled ptxas, for a set of constexpr variants, and reports wgmma use and
+shared memory. Run it before handing kernel changes to a GPU:
+
+    python tools/compile_check.py            # all variants (~10 s each on 2 cores)
+    python tools/compile_check.py --quick    # one variant per kernel
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+import time
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from flashtile.kernels.bwd import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
+from flashtile.kernels.decode import _decode_kernel
+from flashtile.kernels.fwd import _fwd_kernel
+
+FLOAT_ARGS = {"qk_scale", "softcap", "dropout_p", "softmax_scale"}
+POINTER_TYPES = {  # pointer arguments by name; the rest of the tensors are bf16
+    "LSE": "*fp32", "Delta": "*fp32", "DLSE": "*fp32", "Alibi": "*fp32", "DBias": "*fp32", "OutPartial": "*fp32",
+    "LsePartial": "*fp32", "Cu_seqlens_q": "*i32", "Cu_seqlens_k": "*i32", "Seed": "*i64", "CacheSeqlens": "*i32",
+    "CacheBatchIdx": "*i32", "LeftPad": "*i32", "BlockTable": "*i32",
+}
+TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias"}
+
+
+def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
+    params = list(inspect.signature(kernel.fn).parameters)
+    signature = {}
+    for p in params:
+        if p in constexprs:
+            signature[p] = "constexpr"
+        elif p in POINTER_TYPES:
+            signature[p] = POINTER_TYPES[p]
+        elif p in TENSORS:
+            signature[p] = "*bf16"
+        elif p in FLOAT_ARGS:
+            signature[p] = "fp32"
+        else:
+            signature[p] = "i32"
+    src = ASTSource(fn=kernel, signature=signature,
+                    constexprs={(params.index(k),): v for k, v in constexprs.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
+                                                                               num_stages=num_stages))
+
+
+def variants(quick: bool):
+    flags = dict(HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_BIAS=False,
+                 HAS_DROPOUT=False, IS_VARLEN=False, DOT_PRECISION="ieee")
+    every = dict(HAS_LEFT=True, HAS_RIGHT=True, HAS_SOFTCAP=True, HAS_ALIBI=True, HAS_BIAS=True, HAS_DROPOUT=True,
+                 IS_VARLEN=True, DOT_PRECISION="ieee")
+    dims = [(128, 128)] if quick else [(128, 128), (40, 64), (256, 256)]
+    for d, dp in dims:
+        for name, f in ([("causal", flags)] if quick else [("causal", flags), ("every option", every)]):
+            yield (f"fwd d={d} {name}", _fwd_kernel,
+                   dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=128, BLOCK_N=64 if d > 128 else 128, **f), 8, 2)
+            yield (f"dkdv d={d} {name}", _bwd_dkdv_kernel,
+                   dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=64 if d <= 128 else 32,
+                        BLOCK_N=128 if d <= 128 else 64, **f), 8, 2)
+            yield (f"dq d={d} {name}", _bwd_dq_kernel,
+                   dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=128 if d <= 128 else 32, BLOCK_N=64,
+                        HAS_DBIAS=f["HAS_BIAS"], **f), 8, 2)
+    yield ("preprocess", _bwd_preprocess, dict(HEAD_DIM=128, HEAD_DIM_PADDED=128, BLOCK_M=64, HAS_DLSE=True,
+                                               IS_VARLEN=True), 4, 1)
+    for paged in (False, True):
+        yield (f"decode paged={paged}", _decode_kernel,
+               dict(HEAD_DIM=128, HEAD_DIM_PADDED=128, BLOCK_M=16, BLOCK_N=64, HAS_LEFT=False, HAS_RIGHT=True,
+                    HAS_SOFTCAP=not paged, HAS_ALIBI=paged, PAGED=paged, HAS_BATCH_IDX=not paged,
+                    HAS_LEFTPAD=True, DOT_PRECISION="ieee"), 4, 3)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    failures = 0
+    for name, kernel, constexprs, warps, stages in variants(args.quick):
+        start = time.perf_counter()
+        try:
+            compiled = compile_variant(kernel, constexprs, warps, stages)
+        except Exception as err:  # noqa: BLE001 - report every failing variant, then fail
+            failures += 1
+            print(f"FAIL {name}: {type(err).__name__}: {str(err).splitlines()[-1][:200]}", flush=True)
+            continue
+        ptx = compiled.asm["ptx"]
+        print(f"ok   {name:28s} {time.perf_counter() - start:5.1f} s  wgmma={'wgmma' in ptx}  "
+              f"smem={compiled.metadata.shared // 1024} KiB", flush=True)
+    print(f"{failures} failed" if failures else "all kernels compile for sm_90")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
