@@ -333,7 +333,7 @@ def test_opcheck_attention_forward(name):
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, headdim, layout=spec["layout"])
     scale, left, right, softcap, alibi = spec["args"]
     slopes = random_slopes(heads_q) if alibi else None
-    args = (q, k, v, spec["layout"], scale, left, right, softcap, slopes, "reference", False, None, 0.0, None, None, None, 0, 0)
+    args = (q, k, v, spec["layout"], scale, left, right, softcap, slopes, "reference", False, None, 0.0, None, None, None, 0, 0, None)
     result = torch.library.opcheck(torch.ops.flashtile.attention_forward.default, args)
     failed = {test: status for test, status in result.items() if status != "SUCCESS"}
     assert not failed, f"opcheck failed: {failed}"
@@ -342,10 +342,10 @@ def test_opcheck_attention_forward(name):
 def test_opcheck_attention_backward():
     q, k, v = make_qkv(1, 9, 6, 2, 1, 16, requires_grad=False)
     out, lse = torch.ops.flashtile.attention_forward(q, k, v, "bshd", 0.25, None, 0, 0.0, None, "reference", False,
-                                                     None, 0.0, None, None, None, 0, 0)
+                                                     None, 0.0, None, None, None, 0, 0, None)
     for dlse in (torch.randn_like(lse), None):
         args = (torch.randn_like(out), dlse, q, k, v, out, lse, "bshd", 0.25, None, 0, 0.0, None, "reference", False,
-                None, 0.0, None, None, None, 0, 0, False)
+                None, 0.0, None, None, None, 0, 0, None, False)
         result = torch.library.opcheck(torch.ops.flashtile.attention_backward.default, args)
         failed = {test: status for test, status in result.items() if status != "SUCCESS"}
         assert not failed, f"opcheck failed (dlse={'given' if dlse is not None else None}): {failed}"

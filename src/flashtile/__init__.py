@@ -6,6 +6,7 @@ Importing flashtile queries no GPU and imports no Triton: the kernels load on fi
 from . import io, nn
 from .api import attention, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from .backends import backend_status
+from .block_mask import BlockMask, create_block_mask
 from .kvcache import flash_attn_with_kvcache
 from .merge import merge_attention_states, merge_attention_states_pair
 from .reference import naive_attention
@@ -31,6 +32,8 @@ __all__ = [
     "naive_attention",
     "dropout_keep_mask",
     "backend_status",
+    "BlockMask",
+    "create_block_mask",
     "io",
     "nn",
     "__version__",

@@ -14,6 +14,9 @@ import torch
 
 from . import ops
 from .backends import select_backend
+from .block_mask import BlockMask, create_block_mask, depends_on_batch_and_head, register
+from .kernels.configs import interpreting
+from .mask_mods import mask_mod as as_mask_mod
 from .masks import normalize_window
 from .validation import check_backend_limits, check_bias, check_options, check_qkv
 
@@ -38,6 +41,8 @@ def attention(
     layout: str = "bshd",
     bias: torch.Tensor | None = None,
     dropout_seed: int | None = None,
+    mask_mod=None,
+    block_mask=None,
 ):
     """Exact attention, computed tile by tile without an N×N matrix.
 
@@ -67,6 +72,11 @@ def attention(
         dropout_seed: the dropout seed; by default drawn from torch's generator of q's
             device (reproducible under ``torch.manual_seed``). With a fixed seed,
             ``flashtile.dropout_keep_mask`` rebuilds the mask for checking.
+        mask_mod: a mask ``(b, h, q_idx, kv_idx) -> bool`` on absolute indices (see
+            :mod:`flashtile.mask_mods`), compiled into the kernels; instead of
+            ``causal``/``window_size``. K/V tiles the mask hides entirely are skipped.
+        block_mask: ``flashtile.create_block_mask(mask_mod, ...)`` built once and reused
+            across layers and calls; built (and cached) on the fly when omitted.
 
     Returns:
         out in q's layout and dtype; ``(out, lse)`` when ``return_lse``.
@@ -81,6 +91,10 @@ def attention(
     )
     seqlen_q, seqlen_k = (q.shape[1], k.shape[1]) if layout == "bshd" else (q.shape[2], k.shape[2])
     check_bias(bias, (batch, heads_q, seqlen_q, seqlen_k), q.device)
+    mask_key = None
+    if mask_mod is not None or block_mask is not None:
+        mask_key = _register_block_mask(mask_mod, block_mask, causal, window_size, batch, heads_q, seqlen_q, seqlen_k,
+                                        q.device)
     seed = None
     if dropout_p > 0.0:
         if dropout_seed is None:  # on the device, from torch's generator: no host sync
@@ -95,9 +109,34 @@ def attention(
     q, k, v = (_strided_last_dim_to_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention_forward(
         q, k, v, layout, softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
-        bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed, None, None, 0, 0,
+        bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed, None, None, 0, 0, mask_key,
     )
     return (out, lse) if return_lse else out
+
+
+def _register_block_mask(mask, block_mask, causal, window_size, batch, heads_q, seqlen_q, seqlen_k, device) -> str:
+    """Check a mask_mod / block_mask pair, build the block mask if needed, and name it for the ops."""
+    if causal or tuple(window_size) != (-1, -1):
+        raise ValueError("mask_mod: give either mask_mod or causal/window_size, not both "
+                         "(and_masks(causal_mask(), ...) combines them)")
+    if block_mask is None:
+        mask = as_mask_mod(mask)
+        per_batch, per_head = depends_on_batch_and_head(mask)
+        tiles = (16, 16) if interpreting() else (128, 64)
+        block_mask = create_block_mask(mask, batch if per_batch else 1, heads_q if per_head else 1, seqlen_q,
+                                       seqlen_k, device, *tiles)
+    elif not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask: expected a flashtile BlockMask, got {type(block_mask).__name__}")
+    elif mask is not None and as_mask_mod(mask) is not block_mask.mask:
+        raise ValueError("block_mask: it was built for another mask_mod")
+    got = (block_mask.seqlen_q, block_mask.seqlen_k)
+    if got != (seqlen_q, seqlen_k) or block_mask.batch not in (1, batch) or block_mask.heads not in (1, heads_q):
+        raise ValueError(f"block_mask: built for (batch, heads, seqlen_q, seqlen_k) = "
+                         f"({block_mask.batch}, {block_mask.heads}, {got[0]}, {got[1]}), the call has "
+                         f"({batch}, {heads_q}, {seqlen_q}, {seqlen_k})")
+    if block_mask.mask.buffer is not None and block_mask.mask.buffer.device != device:
+        raise ValueError(f"mask_mod: its tensor is on {block_mask.mask.buffer.device}, q on {device}")
+    return register(block_mask)
 
 
 def flash_attn_func(

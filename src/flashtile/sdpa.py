@@ -89,7 +89,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out, _ = ops.attention_forward(
         q, k, v, "bhsd", softmax_scale, None, window_right, 0.0, None, backend,
-        bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed, None, None, 0, 0,
+        bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed, None, None, 0, 0, None,
     )
     return out.reshape(*query.shape[:-1], out.shape[-1])
 

@@ -102,7 +102,7 @@ def flash_attn_varlen_func(
     out, lse = ops.attention_forward(
         q, k, v, "thd", softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
         bool(torch.backends.cuda.matmul.allow_tf32), None, float(dropout_p), seed, cu_seqlens_q, cu_seqlens_k,
-        max_seqlen_q, max_seqlen_k,
+        max_seqlen_q, max_seqlen_k, None,
     )
     return (out, lse, None) if return_attn_probs else out
 

@@ -63,21 +63,31 @@ def _bwd_dkdv_inner(
     Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
     start_lo, start_hi, offs_n, offs_d,
     seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
+    Idx, MaskBuf, batch, head,
     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SPARSE: tl.constexpr, STEP: tl.constexpr, MASK_MOD: tl.constexpr,
 ):
     """Accumulate dK, dV of one K/V tile over the Q tiles starting in [start_lo, start_hi).
 
     Works in the transposed orientation (keys as rows), so that dV += Pᵀ dO and
-    dK += dSᵀ Q are plain products.
+    dK += dSᵀ Q are plain products. SPARSE walks a block mask's list ``Idx`` of Q
+    tiles instead (see _attn_fwd_inner).
     """
     offs_m = tl.arange(0, BLOCK_M)
     d_ok = offs_d < HEAD_DIM
     qT_ptrs = Q_head + start_lo.to(tl.int64) * stride_qm + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd
     do_ptrs = DO_head + start_lo.to(tl.int64) * stride_dom + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
-    for start_m in range(start_lo, start_hi, BLOCK_M):
+    for it in range(start_lo, start_hi, STEP):
+        if SPARSE:
+            start_m = tl.load(Idx + it) * BLOCK_M
+            qT_ptrs = Q_head + start_m.to(tl.int64) * stride_qm + offs_m[None, :] * stride_qm \
+                + offs_d[:, None] * stride_qd
+            do_ptrs = DO_head + start_m.to(tl.int64) * stride_dom + offs_m[:, None] * stride_dom \
+                + offs_d[None, :] * stride_dod
+        else:
+            start_m = it
         rows = start_m + offs_m
         if MASKED:
             qT = tl.load(qT_ptrs, mask=d_ok[:, None] & (rows[None, :] < seqlen_q), other=0.0)
@@ -96,6 +106,9 @@ def _bwd_dkdv_inner(
         if MASKED:
             visible = _band_mask(rows[None, :], offs_n[:, None], seqlen_q, seqlen_k, window_left, window_right,
                                  HAS_LEFT, HAS_RIGHT)
+            if MASK_MOD is not None:
+                visible = visible & MASK_MOD(batch, head, tl.minimum(rows, seqlen_q - 1)[None, :],
+                                             tl.minimum(offs_n, seqlen_k - 1)[:, None], MaskBuf)
             s2T = tl.where(visible, s2T, float("-inf"))
         pT = tl.exp2(s2T - lse2[None, :])
         if MASKED:
@@ -120,14 +133,15 @@ def _bwd_dkdv_inner(
         if HAS_SOFTCAP:  # through softcap·tanh(x / softcap): times 1 - tanh²
             dsT = dsT * (1.0 - tanhT * tanhT)
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
-        qT_ptrs += BLOCK_M * stride_qm
-        do_ptrs += BLOCK_M * stride_dom
+        if not SPARSE:
+            qT_ptrs += BLOCK_M * stride_qm
+            do_ptrs += BLOCK_M * stride_dom
     return dk, dv
 
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, Delta, DK, DV, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k,
+    Q, K, V, DO, LSE, Delta, DK, DV, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, QIdx, QPartial, QCount, MaskBuf,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -137,11 +151,13 @@ def _bwd_dkdv_kernel(
     stride_ab, stride_ah,
     stride_bb, stride_bh, stride_bm, stride_bn,
     stride_lb, stride_lh,
+    stride_ib, stride_ih, stride_im, stride_cb, stride_ch,
     num_heads_q, num_heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks,
     softmax_scale, qk_scale, softcap, window_left, window_right, Seed, dropout_p,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASK_MOD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seed = 0
@@ -187,21 +203,39 @@ def _bwd_dkdv_kernel(
         alibi_slope = 0.0
         if HAS_ALIBI:
             alibi_slope = tl.load(Alibi + batch * stride_ab + head * stride_ah)
-        dk, dv = _bwd_dkdv_inner(
-            dk, dv, k, v, Q_head, DO_head, LSE + row_base, Delta + row_base, stride_qm, stride_qd, stride_dom,
-            stride_dod, Bias_head, stride_bm, stride_bn, seed, bh, dropout_p, lo, full_lo, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-            window_left, window_right, BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION)
-        dk, dv = _bwd_dkdv_inner(
-            dk, dv, k, v, Q_head, DO_head, LSE + row_base, Delta + row_base, stride_qm, stride_qd, stride_dom,
-            stride_dod, Bias_head, stride_bm, stride_bn, seed, bh, dropout_p, full_lo, full_hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-            window_left, window_right, BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION)
-        dk, dv = _bwd_dkdv_inner(
-            dk, dv, k, v, Q_head, DO_head, LSE + row_base, Delta + row_base, stride_qm, stride_qd, stride_dom,
-            stride_dod, Bias_head, stride_bm, stride_bn, seed, bh, dropout_p, full_hi, hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-            window_left, window_right, BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION)
+        args = (Q_head, DO_head, LSE + row_base, Delta + row_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                Bias_head, stride_bm, stride_bn, seed, bh, dropout_p)
+        if MASK_MOD is not None:  # the block mask's Q tiles of this K/V tile: partial, then full
+            row = batch * stride_cb + head * stride_ch + block_n
+            n_partial = tl.load(QPartial + row)
+            n_visited = tl.load(QCount + row)
+            Idx = QIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_n * stride_im
+            dk, dv = _bwd_dkdv_inner(
+                dk, dv, k, v, *args, n_partial * 0, n_partial, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale,
+                softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, batch, head, BLOCK_M, HEAD_DIM,
+                HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+                DOT_PRECISION, True, 1, MASK_MOD)
+            dk, dv = _bwd_dkdv_inner(
+                dk, dv, k, v, *args, n_partial, n_visited, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale,
+                softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, batch, head, BLOCK_M, HEAD_DIM,
+                HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+                DOT_PRECISION, True, 1, MASK_MOD)
+        else:  # the band's Q tiles: masked edge, unmasked middle, masked edge
+            dk, dv = _bwd_dkdv_inner(
+                dk, dv, k, v, *args, lo, full_lo, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
+                alibi_slope, window_left, window_right, QIdx, MaskBuf, batch, head, BLOCK_M, HEAD_DIM,
+                HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+                DOT_PRECISION, False, BLOCK_M, None)
+            dk, dv = _bwd_dkdv_inner(
+                dk, dv, k, v, *args, full_lo, full_hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
+                alibi_slope, window_left, window_right, QIdx, MaskBuf, batch, head, BLOCK_M, HEAD_DIM,
+                HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+                DOT_PRECISION, False, BLOCK_M, None)
+            dk, dv = _bwd_dkdv_inner(
+                dk, dv, k, v, *args, full_hi, hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
+                alibi_slope, window_left, window_right, QIdx, MaskBuf, batch, head, BLOCK_M, HEAD_DIM,
+                HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+                DOT_PRECISION, False, BLOCK_M, None)
 
     dk *= softmax_scale
     tl.store(DK + batch.to(tl.int64) * stride_dkb + head_kv.to(tl.int64) * stride_dkh + cols * stride_dkn
@@ -217,17 +251,28 @@ def _bwd_dq_inner(
     Bias_head, stride_bm, stride_bn, DBias_head, seed, bh, dropout_p,
     start_lo, start_hi, offs_m, offs_d,
     seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
+    Idx, MaskBuf, batch, head,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    HAS_DBIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_DBIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, SPARSE: tl.constexpr, STEP: tl.constexpr,
+    MASK_MOD: tl.constexpr,
 ):
-    """Accumulate dQ of one Q tile over the K/V tiles starting in [start_lo, start_hi)."""
+    """Accumulate dQ of one Q tile over the K/V tiles starting in [start_lo, start_hi)
+    (or over a block mask's list ``Idx`` with SPARSE, see _attn_fwd_inner)."""
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
     kT_ptrs = K_head + start_lo.to(tl.int64) * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
     vT_ptrs = V_head + start_lo.to(tl.int64) * stride_vn + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
-    for start_n in range(start_lo, start_hi, BLOCK_N):
+    for it in range(start_lo, start_hi, STEP):
+        if SPARSE:
+            start_n = tl.load(Idx + it) * BLOCK_N
+            kT_ptrs = K_head + start_n.to(tl.int64) * stride_kn + offs_n[None, :] * stride_kn \
+                + offs_d[:, None] * stride_kd
+            vT_ptrs = V_head + start_n.to(tl.int64) * stride_vn + offs_n[None, :] * stride_vn \
+                + offs_d[:, None] * stride_vd
+        else:
+            start_n = it
         cols = start_n + offs_n
         if MASKED:
             kv_mask = d_ok[:, None] & (cols[None, :] < seqlen_k)
@@ -249,6 +294,9 @@ def _bwd_dq_inner(
         if MASKED:
             visible = _band_mask(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, window_left, window_right,
                                  HAS_LEFT, HAS_RIGHT)
+            if MASK_MOD is not None:
+                visible = visible & MASK_MOD(batch, head, tl.minimum(offs_m, seqlen_q - 1)[:, None],
+                                             tl.minimum(cols, seqlen_k - 1)[None, :], MaskBuf)
             s2 = tl.where(visible, s2, float("-inf"))
         p = tl.exp2(s2 - lse2[:, None])
         # -- dS = P ∘ (dP - D), dQ += dS K
@@ -263,14 +311,16 @@ def _bwd_dq_inner(
         if HAS_SOFTCAP:
             ds = ds * (1.0 - tanh * tanh)
         dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
-        kT_ptrs += BLOCK_N * stride_kn
-        vT_ptrs += BLOCK_N * stride_vn
+        if not SPARSE:
+            kT_ptrs += BLOCK_N * stride_kn
+            vT_ptrs += BLOCK_N * stride_vn
     return dq
 
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, DO, LSE, Delta, DQ, Alibi, Bias, DBias, Cu_seqlens_q, Cu_seqlens_k,
+    Q, K, V, DO, LSE, Delta, DQ, Alibi, Bias, DBias, Cu_seqlens_q, Cu_seqlens_k, KvIdx, KvPartial, KvCount,
+    MaskBuf,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -279,12 +329,13 @@ def _bwd_dq_kernel(
     stride_ab, stride_ah,
     stride_bb, stride_bh, stride_bm, stride_bn,
     stride_lb, stride_lh,
+    stride_ib, stride_ih, stride_im, stride_cb, stride_ch,
     num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks,
     softmax_scale, qk_scale, softcap, window_left, window_right, Seed, dropout_p,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, HAS_DBIAS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seed = 0
@@ -329,26 +380,41 @@ def _bwd_dq_kernel(
     DBias_head = DBias + bh.to(tl.int64) * seqlen_q * seqlen_k  # dS scratch, (B, Hq, Sq, Sk)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
 
-    lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
-                                          BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    dq = _bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-        Bias_head, stride_bm, stride_bn, DBias_head, seed, bh, dropout_p, lo, full_lo,
-        offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-        HAS_DBIAS, DOT_PRECISION)
-    dq = _bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-        Bias_head, stride_bm, stride_bn, DBias_head, seed, bh, dropout_p, full_lo, full_hi,
-        offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-        HAS_DBIAS, DOT_PRECISION)
-    dq = _bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-        Bias_head, stride_bm, stride_bn, DBias_head, seed, bh, dropout_p, full_hi, hi,
-        offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-        HAS_DBIAS, DOT_PRECISION)
+    args = (K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd, Bias_head, stride_bm, stride_bn, DBias_head,
+            seed, bh, dropout_p)
+    if MASK_MOD is not None:  # the block mask's K/V tiles of this Q tile: partial, then full
+        row = batch * stride_cb + head * stride_ch + block_m
+        n_partial = tl.load(KvPartial + row)
+        n_visited = tl.load(KvCount + row)
+        Idx = KvIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_m * stride_im
+        dq = _bwd_dq_inner(
+            dq, q, do, lse2, delta, *args, n_partial * 0, n_partial, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale,
+            softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM,
+            HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
+            DOT_PRECISION, True, 1, MASK_MOD)
+        dq = _bwd_dq_inner(
+            dq, q, do, lse2, delta, *args, n_partial, n_visited, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale,
+            softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM,
+            HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
+            DOT_PRECISION, True, 1, MASK_MOD)
+    else:
+        lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
+                                              BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        dq = _bwd_dq_inner(
+            dq, q, do, lse2, delta, *args, lo, full_lo, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
+            alibi_slope, window_left, window_right, KvIdx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM,
+            HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
+            DOT_PRECISION, False, BLOCK_N, None)
+        dq = _bwd_dq_inner(
+            dq, q, do, lse2, delta, *args, full_lo, full_hi, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
+            alibi_slope, window_left, window_right, KvIdx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM,
+            HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
+            DOT_PRECISION, False, BLOCK_N, None)
+        dq = _bwd_dq_inner(
+            dq, q, do, lse2, delta, *args, full_hi, hi, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
+            alibi_slope, window_left, window_right, KvIdx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM,
+            HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
+            DOT_PRECISION, False, BLOCK_N, None)
     dq *= softmax_scale
     tl.store(DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh + rows * stride_dqm
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=mask)

@@ -18,21 +18,32 @@ def _attn_fwd_inner(
     Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
     start_lo, start_hi, offs_m, offs_n, offs_d,
     seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
+    Idx, MaskBuf, batch, head,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SPARSE: tl.constexpr, STEP: tl.constexpr, MASK_MOD: tl.constexpr,
 ):
     """Visit K/V tiles starting in [start_lo, start_hi); returns the updated (acc, l_i, m_i).
 
     MASKED tiles straddle the band's edge or the end of the keys and pay for the mask;
-    the others are known to be fully visible and skip it.
+    the others are known to be fully visible and skip it. With SPARSE the range runs
+    over a block mask's list ``Idx`` of tile numbers instead (STEP 1), and MASKED
+    tiles evaluate the user's MASK_MOD.
     """
     # 64-bit start offset; within a tile the offsets are small.
     kT_ptrs = K_head + start_lo.to(tl.int64) * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
     v_ptrs = V_head + start_lo.to(tl.int64) * stride_vn + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
     d_ok = offs_d < HEAD_DIM
-    for start_n in range(start_lo, start_hi, BLOCK_N):
+    for it in range(start_lo, start_hi, STEP):
+        if SPARSE:  # the next visited tile of the block mask
+            start_n = tl.load(Idx + it) * BLOCK_N
+            kT_ptrs = K_head + start_n.to(tl.int64) * stride_kn + offs_n[None, :] * stride_kn \
+                + offs_d[:, None] * stride_kd
+            v_ptrs = V_head + start_n.to(tl.int64) * stride_vn + offs_n[:, None] * stride_vn \
+                + offs_d[None, :] * stride_vd
+        else:
+            start_n = it
         cols = start_n + offs_n
         # -- load K (transposed) and compute the raw scores
         if MASKED:
@@ -49,6 +60,9 @@ def _attn_fwd_inner(
         if MASKED:
             visible = _band_mask(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, window_left, window_right,
                                  HAS_LEFT, HAS_RIGHT)
+            if MASK_MOD is not None:  # indices clamped in range: a mask may index a tensor with them
+                visible = visible & MASK_MOD(batch, head, tl.minimum(offs_m, seqlen_q - 1)[:, None],
+                                             tl.minimum(cols, seqlen_k - 1)[None, :], MaskBuf)
             s2 = tl.where(visible, s2, float("-inf"))
         # -- update m_i and l_i; a row that has seen nothing yet keeps m = -inf, and
         #    subtracting 0 instead keeps exp2 away from (-inf) - (-inf) = NaN
@@ -71,14 +85,15 @@ def _attn_fwd_inner(
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_ij
-        kT_ptrs += BLOCK_N * stride_kn
-        v_ptrs += BLOCK_N * stride_vn
+        if not SPARSE:
+            kT_ptrs += BLOCK_N * stride_kn
+            v_ptrs += BLOCK_N * stride_vn
     return acc, l_i, m_i
 
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, Out, LSE, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k,
+    Q, K, V, Out, LSE, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, KvIdx, KvPartial, KvCount, MaskBuf,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -86,11 +101,13 @@ def _fwd_kernel(
     stride_ab, stride_ah,
     stride_bb, stride_bh, stride_bm, stride_bn,
     stride_lb, stride_lh,
+    stride_ib, stride_ih, stride_im, stride_cb, stride_ch,
     num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks,
     qk_scale, softcap, window_left, window_right, Seed, dropout_p,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASK_MOD: tl.constexpr,
 ):
     # A 1-D grid (Q tiles fastest, so the tiles of one head run together and share
     # K/V in L2) has no 65535 limit on batch × heads.
@@ -143,28 +160,48 @@ def _fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
 
-    lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
-                                          BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    # Tiles on the band's left edge, then the unmasked middle, then the right edge
-    # (the causal diagonal) and the ragged end of the keys.
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-        Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
-        lo, full_lo, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-        window_left, window_right, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION)
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-        Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
-        full_lo, full_hi, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-        window_left, window_right, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION)
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-        Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
-        full_hi, hi, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-        window_left, window_right, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION)
+    if MASK_MOD is not None:
+        # A block mask lists this Q tile's visited K/V tiles: the partial ones (mask
+        # evaluated) first, then the full ones (no mask).
+        row = batch * stride_cb + head * stride_ch + block_m
+        n_partial = tl.load(KvPartial + row)
+        n_visited = tl.load(KvCount + row)
+        Idx = KvIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_m * stride_im
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+            Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
+            n_partial * 0, n_partial, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+            window_left, window_right, Idx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True,
+            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, True, 1, MASK_MOD)
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+            Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
+            n_partial, n_visited, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+            window_left, window_right, Idx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False,
+            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, True, 1, MASK_MOD)
+    else:
+        lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
+                                              BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        # Tiles on the band's left edge, then the unmasked middle, then the right edge
+        # (the causal diagonal) and the ragged end of the keys.
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+            Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
+            lo, full_lo, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+            window_left, window_right, KvIdx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True,
+            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_N, None)
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+            Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
+            full_lo, full_hi, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+            window_left, window_right, KvIdx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False,
+            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_N, None)
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+            Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
+            full_hi, hi, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+            window_left, window_right, KvIdx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True,
+            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_N, None)
 
     # -- epilogue: normalise; rows that saw no key give O = 0 and LSE = -inf
     seen = l_i > 0.0

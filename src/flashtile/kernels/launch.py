@@ -16,7 +16,7 @@ import triton
 from ..masks import Band
 from . import autotune
 from .bwd import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
-from .configs import backward_configs, forward_config
+from .configs import KernelConfig, backward_configs, forward_config
 from .fwd import _fwd_kernel
 
 LOG2E = 1.4426950408889634
@@ -61,6 +61,29 @@ def _bias_args(bias: torch.Tensor | None, q: torch.Tensor, seqlen_k: int):
         return q, (0, 0, 0, 0)  # a dummy pointer: never read when HAS_BIAS is False
     # expand() gives every broadcast dim stride 0 (a size-1 dim may carry any stride).
     return bias, tuple(bias.expand(*q.shape[:3], seqlen_k).stride())
+
+
+def _block_mask_args(block_mask, transposed: bool, dummy: torch.Tensor):
+    """(indices, partial counts, counts, mask buffer), their strides (0 where the block mask
+    is shared by all batch entries or heads), and the jitted mask, or dummies without one."""
+    if block_mask is None:
+        return (dummy, dummy, dummy, dummy), (0, 0, 0, 0, 0), None
+    if transposed:
+        idx, partial, count = block_mask.q_indices, block_mask.q_partial, block_mask.q_count
+    else:
+        idx, partial, count = block_mask.kv_indices, block_mask.kv_partial, block_mask.kv_count
+    buffer = block_mask.mask.buffer if block_mask.mask.buffer is not None else dummy
+    shared_b, shared_h = block_mask.batch == 1, block_mask.heads == 1
+    strides = (0 if shared_b else idx.stride(0), 0 if shared_h else idx.stride(1), idx.stride(2),
+               0 if shared_b else count.stride(0), 0 if shared_h else count.stride(1))
+    return (idx, partial, count, buffer), strides, block_mask.mask.triton_fn()
+
+
+def _with_blocks(cfg: KernelConfig, block_mask) -> KernelConfig:
+    # With a block mask, the kernels' tiles are the block mask's tiles.
+    if block_mask is None:
+        return cfg
+    return KernelConfig(block_mask.block_m, block_mask.block_n, cfg.num_warps, cfg.num_stages)
 
 
 def _launch_args(cfg) -> dict:
@@ -113,6 +136,7 @@ def attention_forward_triton(
     dropout_p: float = 0.0,
     dropout_seed: torch.Tensor | None = None,
     varlen: Varlen | None = None,
+    block_mask=None,
 ) -> torch.Tensor:
     """Run ``_fwd_kernel``. q/out: (B, Hq, Sq, D), k/v: (B, Hkv, Sk, D).
 
@@ -133,24 +157,28 @@ def attention_forward_triton(
         cu_q, cu_k = varlen.cu_seqlens_q, varlen.cu_seqlens_k
     alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, q)
     bias_ptr, bias_strides = _bias_args(bias, q, seqlen_k)
+    mask_ptrs, mask_strides, mask_fn = _block_mask_args(block_mask, False, lse)
 
     def launch(cfg):
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
         _fwd_kernel[(num_m_blocks * batch * heads_q,)](
-            q, k, v, out, lse, alibi, bias_ptr, cu_q, cu_k,
+            q, k, v, out, lse, alibi, bias_ptr, cu_q, cu_k, *mask_ptrs,
             *_batch_stride(q, varlen), *_batch_stride(k, varlen), *_batch_stride(v, varlen),
             *_batch_stride(out, varlen), stride_ab, stride_ah, *bias_strides, *_lse_strides(lse, varlen),
-            heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
+            *mask_strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
             _qk_scale(softmax_scale, softcap), float(softcap), band.left or 0, band.right or 0,
             dropout_seed if dropout_seed is not None else lse, float(dropout_p),
             HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left is not None, HAS_RIGHT=causal_like,
             HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_BIAS=bias is not None,
             HAS_DROPOUT=dropout_p > 0, IS_VARLEN=varlen is not None,
-            DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), **_launch_args(cfg),
+            DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), MASK_MOD=mask_fn, **_launch_args(cfg),
         )
 
-    cfg = forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q)
-    launch(_maybe_autotune("fwd", cfg, q, head_dim_padded, causal_like, seqlen_q, launch))
+    cfg = _with_blocks(forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q), block_mask)
+    if block_mask is not None:
+        launch(cfg)  # tile sizes are the block mask's: nothing to tune
+    else:
+        launch(_maybe_autotune("fwd", cfg, q, head_dim_padded, causal_like, seqlen_q, launch))
     return lse
 
 
@@ -175,6 +203,7 @@ def attention_backward_triton(
     dropout_seed: torch.Tensor | None = None,
     bias_requires_grad: bool = False,
     varlen: Varlen | None = None,
+    block_mask=None,
 ) -> torch.Tensor | None:
     """Run the three backward kernels, writing dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D).
 
@@ -190,7 +219,8 @@ def attention_backward_triton(
         dout = dout.contiguous()
     head_dim_padded = _padded_head_dim(head_dim)
     causal_like = band.right is not None  # causal or a right window: the diagonal-heavy configs
-    cfg_dkdv, cfg_dq = backward_configs(head_dim_padded, q.dtype, causal_like, q.device)
+    cfg_dkdv, cfg_dq = (_with_blocks(c, block_mask)
+                        for c in backward_configs(head_dim_padded, q.dtype, causal_like, q.device))
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
     if dlse is not None:
@@ -203,6 +233,8 @@ def attention_backward_triton(
     dbias_full = (torch.zeros(batch, heads_q, seqlen_q, seqlen_k, dtype=torch.float32, device=q.device)
                   if has_dbias else delta)
     seed = dropout_seed if dropout_seed is not None else lse  # a dummy pointer without dropout
+    q_lists, q_list_strides, mask_fn = _block_mask_args(block_mask, True, lse)
+    kv_lists, kv_list_strides, _ = _block_mask_args(block_mask, False, lse)
     common = dict(
         HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left is not None, HAS_RIGHT=causal_like,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_BIAS=bias is not None,
@@ -227,25 +259,29 @@ def attention_backward_triton(
     def launch_dkdv(cfg):
         num_n_blocks = triton.cdiv(seqlen_k, cfg.BLOCK_N)
         _bwd_dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
-            q, k, v, dout, lse, delta, dk, dv, alibi, bias_ptr, cu_q, cu_k,
+            q, k, v, dout, lse, delta, dk, dv, alibi, bias_ptr, cu_q, cu_k, *q_lists,
             *strides, *_batch_stride(dk, varlen), *_batch_stride(dv, varlen), stride_ab, stride_ah,
-            *bias_strides, *lse_strides, heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks,
+            *bias_strides, *lse_strides, *q_list_strides, heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks,
             softmax_scale, qk_scale, float(softcap), *window, seed, float(dropout_p),
-            **common, **_launch_args(cfg),
+            MASK_MOD=mask_fn, **common, **_launch_args(cfg),
         )
 
     def launch_dq(cfg):
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
         _bwd_dq_kernel[(num_m_blocks * batch * heads_q,)](
-            q, k, v, dout, lse, delta, dq, alibi, bias_ptr, dbias_full, cu_q, cu_k,
+            q, k, v, dout, lse, delta, dq, alibi, bias_ptr, dbias_full, cu_q, cu_k, *kv_lists,
             *strides, *_batch_stride(dq, varlen), stride_ab, stride_ah,
-            *bias_strides, *lse_strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
+            *bias_strides, *lse_strides, *kv_list_strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
             softmax_scale, qk_scale, float(softcap), *window, seed, float(dropout_p),
-            HAS_DBIAS=has_dbias, **common, **_launch_args(cfg),
+            HAS_DBIAS=has_dbias, MASK_MOD=mask_fn, **common, **_launch_args(cfg),
         )
 
-    launch_dkdv(_maybe_autotune("dkdv", cfg_dkdv, q, head_dim_padded, causal_like, seqlen_k, launch_dkdv))
-    launch_dq(_maybe_autotune("dq", cfg_dq, q, head_dim_padded, causal_like, seqlen_q, launch_dq))
+    if block_mask is not None:  # tile sizes are the block mask's: nothing to tune
+        launch_dkdv(cfg_dkdv)
+        launch_dq(cfg_dq)
+    else:
+        launch_dkdv(_maybe_autotune("dkdv", cfg_dkdv, q, head_dim_padded, causal_like, seqlen_k, launch_dkdv))
+        launch_dq(_maybe_autotune("dq", cfg_dq, q, head_dim_padded, causal_like, seqlen_q, launch_dq))
     if has_dbias:
         return dbias_full.sum_to_size(bias.shape)
     return None

@@ -49,7 +49,7 @@ def _group_heads(t: torch.Tensor, heads_kv: int) -> torch.Tensor:
 
 
 def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap, alibi,
-                bias_tile=None):
+                bias_tile=None, mask=None):
     """Scores of one tile, with every modifier and the mask applied.
 
     q_tile: (B, Hkv, G, BLOCK_M, D); k_tile: (B, Hkv, 1, BLOCK_N, D); bias_tile
@@ -74,6 +74,12 @@ def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_sc
         allowed = allowed & (cols >= rows - band.left)
     if band.right is not None:
         allowed = allowed & (cols <= rows + band.right)
+    if mask is not None:  # a user mask_mod, on absolute (not bottom-right shifted) indices
+        batch, heads_kv, group = q_tile.shape[:3]
+        b = torch.arange(batch, device=s.device).view(-1, 1, 1, 1, 1)
+        h = (torch.arange(heads_kv, device=s.device).view(1, -1, 1, 1, 1) * group
+             + torch.arange(group, device=s.device).view(1, 1, -1, 1, 1))
+        allowed = allowed & mask(b, h, rows - (seqlen_k - seqlen_q), cols)
     return s.masked_fill(~allowed, float("-inf")), tanh
 
 
@@ -129,6 +135,7 @@ def tiled_attention_forward(
     dropout_p: float = 0.0,
     dropout_seed: int = 0,
     batch_offset: int = 0,
+    mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tiled forward with the online softmax.
 
@@ -138,7 +145,8 @@ def tiled_attention_forward(
     ``dropout_p`` > 0 drops probabilities with the counter-based keep-mask of
     ``dropout_seed`` (reference/philox.py), the same mask the kernels draw;
     ``batch_offset`` is the index of batch entry 0 in a larger packed batch (its
-    dropout counters continue from there).
+    dropout counters continue from there). ``mask`` is a
+    :class:`~flashtile.mask_mods.MaskMod` evaluated on every visited tile.
     Returns out (q's dtype) and LSE (B, Hq, Sq), float32 (float64 for float64 input),
     natural log, -inf on rows that see no key.
     """
@@ -165,7 +173,7 @@ def tiled_attention_forward(
             k_tile = k_g[..., start_n:end_n, :].to(acc_dtype)
             v_tile = v_g[..., start_n:end_n, :].to(acc_dtype)
             s, _ = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap, alibi,
-                               _bias_tile(bias_g, start_m, end_m, start_n, end_n))
+                               _bias_tile(bias_g, start_m, end_m, start_n, end_n), mask)
             # -- update m_i and l_i (a row with nothing visible yet keeps m = -inf;
             #    subtracting 0 instead of -inf keeps exp() from producing NaN)
             m_ij = torch.maximum(m_i, s.amax(dim=-1))
@@ -216,6 +224,7 @@ def tiled_attention_backward(
     dropout_p: float = 0.0,
     dropout_seed: int = 0,
     batch_offset: int = 0,
+    mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tiled backward recomputing P from the LSE; shapes as in the forward.
 
@@ -248,7 +257,7 @@ def tiled_attention_backward(
         k_tile = k_g[..., start_n:end_n, :].to(acc_dtype)
         v_tile = v_g[..., start_n:end_n, :].to(acc_dtype)
         s, tanh = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap,
-                              alibi, _bias_tile(bias_g, start_m, end_m, start_n, end_n))
+                              alibi, _bias_tile(bias_g, start_m, end_m, start_n, end_n), mask)
         p = _probs_from_lse(s, lse_g[..., start_m:end_m].to(acc_dtype))
         dp = torch.matmul(do_tile, v_tile.transpose(-1, -2))
         p_used = p  # what multiplied V in the forward

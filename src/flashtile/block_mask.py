@@ -1,0 +1,137 @@
+"""Block masks: which K/V tiles each Q tile visits, so cost follows the visible tiles.
+
+For a mask and tile sizes (BLOCK_M × BLOCK_N), every (Q tile, K/V tile) pair is
+*empty* (skipped), *full* (visible everywhere: no mask evaluated) or *partial* (the
+mask is evaluated per element). Built on the mask's device by evaluating the mask
+one row of tiles at a time (never the whole N×N matrix), cached per (mask, shape),
+and reused across layers and calls. Tiles that hang past the end of the queries or
+keys are never full.
+
+Layout (B and H are 1 when the mask does not depend on them)::
+
+    kv_indices    (B, H, num_q_tiles, num_kv_tiles) int32: partial tiles first, then full
+    kv_partial    (B, H, num_q_tiles) int32: how many of them are partial
+    kv_count      (B, H, num_q_tiles) int32: how many are visited in all
+    q_indices, q_partial, q_count: the same per K/V tile (the backward's dK/dV pass)
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from .mask_mods import MaskMod, mask_mod as as_mask_mod
+
+
+@dataclass(frozen=True, eq=False)
+class BlockMask:
+    mask: MaskMod
+    batch: int
+    heads: int
+    seqlen_q: int
+    seqlen_k: int
+    block_m: int
+    block_n: int
+    kv_indices: torch.Tensor
+    kv_partial: torch.Tensor
+    kv_count: torch.Tensor
+    q_indices: torch.Tensor
+    q_partial: torch.Tensor
+    q_count: torch.Tensor
+
+    @property
+    def visited_fraction(self) -> float:
+        """Visited tiles over all tiles: what the kernels' cost scales with."""
+        tiles = self.kv_indices.shape[-2] * self.kv_indices.shape[-1] * self.batch * self.heads
+        return float(self.kv_count.sum()) / tiles
+
+
+def _classify(mask: MaskMod, batch, heads, seqlen_q, seqlen_k, block_m, block_n, device):
+    """(B, H, num_m, num_n) uint8: 0 empty, 1 partial, 2 full."""
+    num_m, num_n = -(-seqlen_q // block_m), -(-seqlen_k // block_n)
+    kinds = torch.empty(batch, heads, num_m, num_n, dtype=torch.uint8, device=device)
+    b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
+    h = torch.arange(heads, device=device).view(1, -1, 1, 1)
+    kv = torch.arange(num_n * block_n, device=device).view(1, 1, 1, -1)
+    for m in range(num_m):  # one row of tiles at a time: O(BLOCK_M · N) memory
+        q = torch.arange(m * block_m, (m + 1) * block_m, device=device).view(1, 1, -1, 1)
+        inside = (q < seqlen_q) & (kv < seqlen_k)
+        # Out-of-range indices are clamped before the mask reads them (a document mask
+        # indexes a tensor); they are masked out right after.
+        visible = torch.broadcast_to(mask(b, h, q.clamp(max=seqlen_q - 1), kv.clamp(max=seqlen_k - 1)) & inside,
+                                     (batch, heads, block_m, num_n * block_n))
+        tiles = visible.view(batch, heads, block_m, num_n, block_n)
+        any_visible = tiles.any(dim=4).any(dim=2)
+        all_visible = torch.broadcast_to(inside, visible.shape).view(tiles.shape).all(dim=4).all(dim=2) & \
+            tiles.all(dim=4).all(dim=2)
+        kinds[:, :, m] = torch.where(all_visible, 2, torch.where(any_visible, 1, 0)).to(torch.uint8)
+    return kinds
+
+
+def _lists(kinds: torch.Tensor):
+    """Per row: indices of partial tiles then full tiles, and their counts."""
+    # Sort key: partial (0) before full (1) before empty (2); stable keeps ascending tiles.
+    order_key = torch.where(kinds == 1, 0, torch.where(kinds == 2, 1, 2)).to(torch.int16)
+    indices = torch.sort(order_key, dim=-1, stable=True).indices.to(torch.int32)
+    partial = (kinds == 1).sum(dim=-1, dtype=torch.int32)
+    count = partial + (kinds == 2).sum(dim=-1, dtype=torch.int32)
+    return indices.contiguous(), partial.contiguous(), count.contiguous()
+
+
+@functools.lru_cache(maxsize=64)
+def _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, device):
+    kinds = _classify(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, device)
+    kv = _lists(kinds)
+    q = _lists(kinds.transpose(2, 3))
+    return BlockMask(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, *kv, *q)
+
+
+def create_block_mask(mask, batch: int = 1, heads: int = 1, seqlen_q: int = 1, seqlen_k: int = 1, device=None,
+                      block_m: int = 128, block_n: int = 64) -> BlockMask:
+    """Build (or fetch from the cache) the block mask of ``mask`` for one problem shape.
+
+    batch/heads: 1 when the mask ignores b/h (it is then shared by every batch entry and
+    head). Pass the result to ``flashtile.attention(..., mask_mod=mask, block_mask=bm)``
+    in every layer; it is rebuilt only when the shape or the mask changes.
+    """
+    mask = as_mask_mod(mask)
+    for name, value in (("batch", batch), ("heads", heads), ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k),
+                        ("block_m", block_m), ("block_n", block_n)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+    for name, value in (("block_m", block_m), ("block_n", block_n)):
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"{name}: expected a power of two >= 16, got {value}")
+    device = torch.device(device) if device is not None else (
+        mask.buffer.device if mask.buffer is not None else torch.device("cpu"))
+    return _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, device)
+
+
+# The custom ops take a block mask by name (ops accept tensors, numbers and strings only).
+_registry: "weakref.WeakValueDictionary[str, BlockMask]" = weakref.WeakValueDictionary()
+
+
+def register(block_mask: BlockMask) -> str:
+    key = f"blockmask-{id(block_mask)}"
+    _registry[key] = block_mask
+    return key
+
+
+def lookup(key: str) -> BlockMask:
+    try:
+        return _registry[key]
+    except KeyError:
+        raise RuntimeError(f"block mask {key!r} is gone: keep the BlockMask alive while its outputs need a backward")\
+            from None
+
+
+def depends_on_batch_and_head(mask: MaskMod) -> tuple[bool, bool]:
+    """Whether the mask's value varies with b or h (probed on a tiny grid)."""
+    probe = mask(torch.arange(2).view(-1, 1, 1, 1), torch.arange(2).view(1, -1, 1, 1), torch.arange(4).view(1, 1, -1, 1)
+                 .clamp(max=0 if mask.buffer is not None and mask.buffer.numel() < 4 else 3),
+                 torch.arange(4).view(1, 1, 1, -1).clamp(max=0 if mask.buffer is not None and mask.buffer.numel() < 4
+                                                          else 3))
+    return probe.dim() == 4 and probe.shape[0] > 1, probe.dim() == 4 and probe.shape[1] > 1

@@ -1,0 +1,127 @@
+"""User-defined masks (mask_mod) and block masks, on both backends, against the oracle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flashtile
+from flashtile.mask_mods import (and_masks, causal_mask, chunked_mask, dense_mask, document_mask, draw, mask_mod,
+                                 or_masks, prefix_lm_mask, sliding_window_mask)
+from flashtile.testing import assert_close_to_oracle
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(params=["reference", "triton"])
+def backend(request, monkeypatch):
+    monkeypatch.setenv("FLASHTILE_BACKEND", request.param)
+    return request.param
+
+
+def every_other_head_causal(b, h, q_idx, kv_idx):
+    # A user's own mask: causal on even heads, bidirectional on odd ones.
+    return (q_idx >= kv_idx) | (h % 2 == 1)
+
+
+def check_mask(mask, seqlen_q=37, seqlen_k=37, heads_q=4, heads_kv=2, headdim=16, batch=2):
+    q = torch.randn(batch, seqlen_q, heads_q, headdim, device=DEVICE, requires_grad=True)
+    k = torch.randn(batch, seqlen_k, heads_kv, headdim, device=DEVICE, requires_grad=True)
+    v = torch.randn(batch, seqlen_k, heads_kv, headdim, device=DEVICE, requires_grad=True)
+    out = flashtile.attention(q, k, v, mask_mod=mask)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    visible = dense_mask(mask_mod(mask), batch, heads_q, seqlen_q, seqlen_k, DEVICE)
+    assert visible.any(dim=-1).all(), "test masks keep a key in every row (the oracle's -inf bias needs one)"
+    bias = torch.zeros(visible.shape, device=DEVICE).masked_fill(~visible, float("-inf"))
+
+    def reference(upcast):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o = flashtile.naive_attention(*leaves, bias=bias, upcast=upcast)
+        return o, torch.autograd.grad(o, leaves, dout.to(o.dtype))
+
+    ref_out, ref_grads = reference(True)
+    pt_out, pt_grads = reference(False)
+    assert_close_to_oracle("out", out, ref_out, pt_out)
+    for name, g, r, p in zip(("dq", "dk", "dv"), grads, ref_grads, pt_grads):
+        assert_close_to_oracle(name, g, r, p, grad=True)
+
+
+MASKS = {
+    "causal": lambda: causal_mask(),
+    "causal-window-5": lambda: and_masks(causal_mask(), sliding_window_mask(5)),
+    "prefix-lm-9": lambda: prefix_lm_mask(9),
+    "chunked-8-or-causal-window": lambda: or_masks(chunked_mask(8), and_masks(causal_mask(), sliding_window_mask(2))),
+    "user-per-head": lambda: every_other_head_causal,
+}
+
+
+@pytest.mark.parametrize("name", list(MASKS))
+def test_mask_mod_matches_oracle(backend, name):
+    check_mask(MASKS[name]())
+
+
+def test_document_mask(backend):
+    doc_ids = torch.tensor([0] * 10 + [1] * 7 + [2] * 20, dtype=torch.int32, device=DEVICE)
+    check_mask(and_masks(causal_mask(), document_mask(doc_ids)))
+
+
+def test_q_and_k_lengths_differ(backend):
+    check_mask(prefix_lm_mask(30), seqlen_q=21, seqlen_k=45)
+
+
+def test_block_mask_classifies_tiles():
+    bm = flashtile.create_block_mask(causal_mask(), seqlen_q=64, seqlen_k=64, block_m=16, block_n=16)
+    # Causal over 4 × 4 tiles: the diagonal is partial, below it full, above it empty.
+    assert bm.kv_partial[0, 0].tolist() == [1, 1, 1, 1]
+    assert bm.kv_count[0, 0].tolist() == [1, 2, 3, 4]
+    assert bm.kv_indices[0, 0, 3, :4].tolist() == [3, 0, 1, 2]  # partial first, then full
+    assert bm.q_count[0, 0].tolist() == [4, 3, 2, 1]
+    assert abs(bm.visited_fraction - 10 / 16) < 1e-9
+    # Tiles that hang past the last query or key are never full (the kernels would
+    # read past the end without the mask's bounds checks).
+    ragged = flashtile.create_block_mask(causal_mask(), seqlen_q=40, seqlen_k=40, block_m=16, block_n=16)
+    assert ragged.kv_partial[0, 0].tolist() == [1, 1, 3] and ragged.kv_count[0, 0].tolist() == [1, 2, 3]
+
+
+def test_block_mask_is_cached_and_sparse_documents_cost_less():
+    docs = torch.arange(256, dtype=torch.int32) // 32  # 8 documents of 32
+    mask = and_masks(causal_mask(), document_mask(docs))
+    a = flashtile.create_block_mask(mask, seqlen_q=256, seqlen_k=256, block_m=16, block_n=16)
+    b = flashtile.create_block_mask(mask, seqlen_q=256, seqlen_k=256, block_m=16, block_n=16)
+    assert a is b
+    dense_causal = flashtile.create_block_mask(causal_mask(), seqlen_q=256, seqlen_k=256, block_m=16, block_n=16)
+    assert a.visited_fraction < dense_causal.visited_fraction / 4  # 8 small documents: far fewer tiles
+
+
+def test_the_jitted_mask_is_shared_across_lengths():
+    mask = causal_mask()
+    assert mask.triton_fn() is mask.triton_fn()  # one constexpr function: no recompilation per length
+
+
+def test_pictures():
+    assert draw(and_masks(causal_mask(), sliding_window_mask(1)), 4, 4) == (
+        "x . . .\nx x . .\n. x x .\n. . x x")
+    assert draw(prefix_lm_mask(2), 3, 4) == "x x . .\nx x . .\nx x x ."
+
+
+def test_mask_errors():
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(ValueError, match=r"^mask_mod: give either mask_mod or causal"):
+        flashtile.attention(q, q, q, mask_mod=causal_mask(), causal=True)
+    bm = flashtile.create_block_mask(causal_mask(), seqlen_q=16, seqlen_k=16, block_m=16, block_n=16)
+    with pytest.raises(ValueError, match=r"^block_mask: built for"):
+        flashtile.attention(q, q, q, mask_mod=bm.mask, block_mask=bm)
+    with pytest.raises(ValueError, match=r"^window: expected an int >= 0"):
+        sliding_window_mask(-1)
+    with pytest.raises(TypeError, match=r"^document_ids: expected a 1-d int32"):
+        document_mask(torch.zeros(4))
+    with pytest.raises(ValueError, match=r"^block_m: expected a power of two"):
+        flashtile.create_block_mask(causal_mask(), seqlen_q=16, seqlen_k=16, block_m=24)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(MASKS))
+def test_gpu_mask_mod(name, monkeypatch):
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    check_mask(MASKS[name](), seqlen_q=1000, seqlen_k=1000, heads_q=8, heads_kv=2, headdim=64)
