@@ -19,7 +19,8 @@ from .masks import normalize_window
 from .validation import check_backend_limits, check_options, check_tensor
 
 
-def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, total: int, batch: int | None) -> None:
+def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, total: int, batch: int | None,
+                      max_seqlen: int, max_name: str) -> None:
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name}: expected an int32 torch.Tensor, got {type(cu).__name__}")
     if cu.dtype != torch.int32:
@@ -31,13 +32,17 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, total: 
     if batch is not None and cu.shape[0] != batch + 1:
         raise ValueError(f"{name}: expected {batch + 1} offsets (as cu_seqlens_q), got {cu.shape[0]}")
     message = f"{name}: expected non-decreasing offsets starting >= 0 and ending <= {total} (the packed rows)"
-    ok = (cu[0] >= 0) & (cu[-1] <= total) & (cu[1:] >= cu[:-1]).all()
-    if cu.device.type == "cpu":
-        if not bool(ok):
-            raise ValueError(f"{message}, got {cu.tolist()}")
-    else:
-        # Checking on the host would wait for the GPU; this assert fires on the device instead.
-        torch._assert_async(ok, message)
+    lengths = cu[1:] - cu[:-1]
+    checks = [((cu[0] >= 0) & (cu[-1] <= total) & (lengths >= 0).all(), message),
+              ((lengths <= max_seqlen).all(), f"{max_name}: expected >= every sequence's length in {name}, "
+                                              f"got {max_seqlen}")]
+    for ok, text in checks:
+        if cu.device.type == "cpu":
+            if not bool(ok):
+                raise ValueError(f"{text}, got {cu.tolist()}" if text is message else text)
+        else:
+            # Checking on the host would wait for the GPU; this assert fires on the device instead.
+            torch._assert_async(ok, text)
 
 
 def _check_max_seqlen(name: str, value) -> int:
@@ -85,11 +90,11 @@ def flash_attn_varlen_func(
     if heads_q % heads_kv:
         raise ValueError(f"k: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}) for grouped-query "
                          "attention; packed tensors are read as (total, heads, headdim)")
-    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, q.shape[0], None)
-    batch = cu_seqlens_q.shape[0] - 1
-    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, k.shape[0], batch)
     max_seqlen_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, q.shape[0], None, max_seqlen_q, "max_seqlen_q")
+    batch = cu_seqlens_q.shape[0] - 1
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, k.shape[0], batch, max_seqlen_k, "max_seqlen_k")
     softmax_scale = check_options(
         headdim=headdim, batch=batch, heads_q=heads_q, device=q.device, softmax_scale=softmax_scale,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,

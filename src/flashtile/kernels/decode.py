@@ -107,10 +107,10 @@ def _decode_kernel(
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_ij
 
-    seen = l_i > 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    empty = l_i == 0.0  # no visible key; a NaN l (NaN inputs) propagates instead
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = tl.where(empty[:, None], 0.0, acc / l_safe[:, None])
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
     tl.store(OutPartial + split.to(tl.int64) * stride_os + batch.to(tl.int64) * stride_ob + token[:, None] * stride_om
              + head[:, None] * stride_oh + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LsePartial + split.to(tl.int64) * stride_ls + batch.to(tl.int64) * stride_lb + head * stride_lh + token,

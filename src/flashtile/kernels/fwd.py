@@ -203,13 +203,14 @@ def _fwd_kernel(
             window_left, window_right, KvIdx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True,
             HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_N, None)
 
-    # -- epilogue: normalise; rows that saw no key give O = 0 and LSE = -inf
-    seen = l_i > 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
-    out = acc / l_safe[:, None]
+    # -- epilogue: normalise; rows that saw no key (l = 0 exactly) give O = 0 and LSE = -inf.
+    #    A NaN in l (NaN inputs) is not "no key": it propagates, as in standard attention.
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = tl.where(empty[:, None], 0.0, acc / l_safe[:, None])
     if HAS_DROPOUT:  # kept probabilities are scaled by 1 / (1 - p)
         out = out * (1.0 / (1.0 - dropout_p))
-    lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
     tl.store(LSE_head + offs_m, lse, mask=row_ok)
     o_ptrs = O_head + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])

@@ -187,8 +187,9 @@ def tiled_attention_forward(
             # -- rescale the output so far and add this tile's contribution
             acc = acc * alpha[..., None] + torch.matmul(p, v_tile)
             m_i = m_ij
-        # -- epilogue: normalise; rows that saw no key give 0 and LSE = -inf
-        seen = l_i > 0
+        # -- epilogue: normalise; rows that saw no key (l = 0 exactly) give 0 and LSE = -inf;
+        #    a NaN l (NaN inputs) propagates, as in standard attention
+        seen = l_i != 0
         if dropout_p > 0:
             acc = acc / (1.0 - dropout_p)
         out_g[..., start_m:end_m, :] = torch.where(seen[..., None], acc / torch.where(seen, l_i, 1.0)[..., None], 0.0)
@@ -263,7 +264,7 @@ def tiled_attention_backward(
         p_used = p  # what multiplied V in the forward
         if dropout_p > 0:  # O = (P ∘ Z / (1 - p)) V, so dP = (dO Vᵀ) ∘ Z / (1 - p)
             keep = _keep_tile(dropout_seed, dropout_p, batch, heads_kv, heads_q // heads_kv, start_m, end_m,
-                              start_n, end_n, q.device, batch_offset) / (1.0 - dropout_p)
+                              start_n, end_n, q.device, batch_offset).to(acc_dtype) / (1.0 - dropout_p)
             dp, p_used = dp * keep, p * keep
         ds_scores = p * (dp - delta_g[..., start_m:end_m, None])
         ds = ds_scores
