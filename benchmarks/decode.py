@@ -67,7 +67,7 @@ def main():
                         sdpa.append("n/a")
                 print(f"{batch:>4} {cache:>6} {heads_q:>4}:{heads_kv:<2} | {tb:9.2f} {tb_paged:9.2f} "
                       f"{100 * max(tb, tb_paged) / ceiling:6.1f}% | {' / '.join(sdpa)}", flush=True)
-                del q, k, v, k_paged, v_paged
+
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ heads may exceed 65535; base offsets are 64-bit inside the kernels.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
