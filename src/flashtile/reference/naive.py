@@ -85,14 +85,19 @@ def naive_attention(
         scores = scores + bias.to(dtype)
 
     allowed = band_mask(seqlen_q, seqlen_k, normalize_window(causal, window_size), q.device)
-    allowed = allowed.expand_as(scores)
-    row_has_keys = allowed.any(dim=-1, keepdim=True)
-    # Fully masked rows get finite dummy scores so that neither the forward nor the
-    # autograd backward of logsumexp sees (-inf) - (-inf); their P is zeroed below.
-    scores = torch.where(row_has_keys, scores.masked_fill(~allowed, float("-inf")), 0.0)
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    probs = torch.exp(scores - lse).masked_fill(~allowed, 0.0)
-    lse = lse.masked_fill(~row_has_keys, float("-inf")).squeeze(-1)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    # A row "sees no key" when every score is -inf: masked by the band or by a -inf bias.
+    # (A NaN score is not -inf: it propagates, as it should.)
+    row_has_keys = ~(scores == float("-inf")).all(dim=-1, keepdim=True)
+    # Softmax with the row max subtracted, so that huge finite biases (-1e30) stay exact;
+    # empty rows get finite dummy scores so neither pass sees (-inf) - (-inf), then P = 0.
+    safe = torch.where(row_has_keys, scores, 0.0)
+    row_max = safe.amax(dim=-1, keepdim=True).detach()  # P does not depend on the shift
+    unnormalised = torch.exp(safe - row_max) * row_has_keys
+    row_sum = unnormalised.sum(dim=-1, keepdim=True)
+    probs = unnormalised / torch.where(row_has_keys, row_sum, 1.0)
+    lse = torch.where(row_has_keys, row_max + torch.log(torch.where(row_has_keys, row_sum, 1.0)),
+                      float("-inf")).squeeze(-1)
 
     if dropout_p > 0.0:
         if dropout_mask is None:
