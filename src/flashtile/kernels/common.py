@@ -137,4 +137,5 @@ def _load_bias(Bias_head, q_pos, k_pos, stride_bm, stride_bn, seqlen_q, seqlen_k
     bias = tl.load(ptrs, mask=(q_pos < seqlen_q) & (k_pos < seqlen_k), other=0.0).to(tl.float32)
     # -inf stays a mask; a huge finite bias (float32's min, as some masks use) must not
     # overflow to -inf once scaled by log2(e), or the row would read as masked.
-    return tl.where(bias == float("-inf"), bias, tl.maximum(bias, -1e30))
+    # (A NaN bias compares false and passes through unchanged.)
+    return tl.where((bias < -1e30) & (bias != float("-inf")), -1e30, bias)
