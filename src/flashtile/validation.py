@@ -89,7 +89,8 @@ def check_options(
     for side, w in zip(("left", "right"), window_size):
         if isinstance(w, bool) or not isinstance(w, int) or w < -1:
             raise ValueError(f"window_size: expected {side} to be an int >= -1 (-1 = unbounded), got {w!r}")
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not (math.isfinite(softcap) and softcap >= 0):
+    if (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+            or not (math.isfinite(softcap) and softcap >= 0)):
         raise ValueError(f"softcap: expected a finite float >= 0 (0 disables it), got {softcap!r}")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not (0.0 <= dropout_p < 1.0):
         raise ValueError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")

@@ -56,7 +56,8 @@ def _attn_fwd_inner(
         s2, _ = _scores_log2(qk, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, qk_scale, softcap,
                              alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
         if HAS_BIAS:
-            s2 += _load_bias(Bias_head, offs_m[:, None], cols[None, :], stride_bm, stride_bn, seqlen_q, seqlen_k) * LOG2E
+            s2 += _load_bias(Bias_head, offs_m[:, None], cols[None, :], stride_bm, stride_bn, seqlen_q,
+                             seqlen_k) * LOG2E
         if MASKED:
             visible = _band_mask(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, window_left, window_right,
                                  HAS_LEFT, HAS_RIGHT)

@@ -260,7 +260,8 @@ def attention_backward_triton(
         _bwd_dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
             q, k, v, dout, lse, delta, dk, dv, alibi, bias_ptr, cu_q, cu_k, *q_lists,
             *strides, *_batch_stride(dk, varlen), *_batch_stride(dv, varlen), stride_ab, stride_ah,
-            *bias_strides, *lse_strides, *q_list_strides, heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks,
+            *bias_strides, *lse_strides, *q_list_strides, heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k,
+            num_n_blocks,
             softmax_scale, qk_scale, float(softcap), *window, seed, float(dropout_p),
             MASK_MOD=mask_fn, **common, **_launch_args(cfg),
         )
@@ -270,7 +271,8 @@ def attention_backward_triton(
         _bwd_dq_kernel[(num_m_blocks * batch * heads_q,)](
             q, k, v, dout, lse, delta, dq, alibi, bias_ptr, dbias_full, cu_q, cu_k, *kv_lists,
             *strides, *_batch_stride(dq, varlen), stride_ab, stride_ah,
-            *bias_strides, *lse_strides, *kv_list_strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
+            *bias_strides, *lse_strides, *kv_list_strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k,
+            num_m_blocks,
             softmax_scale, qk_scale, float(softcap), *window, seed, float(dropout_p),
             HAS_DBIAS=has_dbias, MASK_MOD=mask_fn, **common, **_launch_args(cfg),
         )

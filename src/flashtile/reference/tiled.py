@@ -172,8 +172,8 @@ def tiled_attention_forward(
             end_n = min(start_n + BLOCK_N, seqlen_k)
             k_tile = k_g[..., start_n:end_n, :].to(acc_dtype)
             v_tile = v_g[..., start_n:end_n, :].to(acc_dtype)
-            s, _ = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap, alibi,
-                               _bias_tile(bias_g, start_m, end_m, start_n, end_n), mask)
+            s, _ = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap,
+                               alibi, _bias_tile(bias_g, start_m, end_m, start_n, end_n), mask)
             # -- update m_i and l_i (a row with nothing visible yet keeps m = -inf;
             #    subtracting 0 instead of -inf keeps exp() from producing NaN)
             m_ij = torch.maximum(m_i, s.amax(dim=-1))
