@@ -18,12 +18,7 @@ from .block_mask import BlockMask, create_block_mask, depends_on_batch_and_head,
 from .kernels.configs import interpreting
 from .mask_mods import mask_mod as as_mask_mod
 from .masks import normalize_window
-from .validation import check_backend_limits, check_bias, check_options, check_qkv
-
-
-def _strided_last_dim_to_contiguous(t: torch.Tensor) -> torch.Tensor:
-    # The kernels read rows of headdim as vectors; only a strided last dim forces a copy.
-    return t if t.stride(-1) == 1 else t.contiguous()
+from .validation import check_backend_limits, check_bias, check_options, check_qkv, last_dim_contiguous
 
 
 def attention(
@@ -98,7 +93,7 @@ def attention(
     seed = None
     if dropout_p > 0.0:
         if dropout_seed is None:  # on the device, from torch's generator: no host sync
-            seed = torch.randint(0, 2**62, (1,), device=q.device, dtype=torch.int64)
+            seed = ops.new_dropout_seed(q.device)
         elif isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int) or not 0 <= dropout_seed < 2**63:
             raise ValueError(f"dropout_seed: expected an int in [0, 2**63) or None, got {dropout_seed!r}")
         else:
@@ -106,7 +101,7 @@ def attention(
     backend = select_backend(q.device, q.dtype)
     check_backend_limits(backend, q.dtype, headdim)
     band = normalize_window(causal, window_size)
-    q, k, v = (_strided_last_dim_to_contiguous(t) for t in (q, k, v))
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention_forward(
         q, k, v, layout, softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
         bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed, None, None, 0, 0, mask_key,

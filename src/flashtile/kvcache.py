@@ -26,27 +26,13 @@ from .masks import Band, normalize_window
 from .merge import merge_attention_states
 from .reference.tiled import tiled_attention_forward
 from .rotary import apply_rotary
-from .validation import check_backend_limits, check_options, check_tensor
+from .validation import check_backend_limits, check_int32_tensor, check_on_device, check_options, check_tensor
 
 
 def _check_index(name: str, t, shape: tuple[int, ...], device) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected an int32 torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise TypeError(f"{name}: expected dtype torch.int32, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{name}: expected device {device} (the device of q), got {t.device}")
+    check_int32_tensor(name, t, device)
     if tuple(t.shape) != shape:
         raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
-
-
-def _check_on_device(ok: torch.Tensor, message: str) -> None:
-    # On the CPU a plain check; on a GPU an asynchronous device assert (no host sync).
-    if ok.device.type == "cpu":
-        if not bool(ok):
-            raise ValueError(message)
-    else:
-        torch._assert_async(ok, message)
 
 
 def _append(cache: torch.Tensor, new: torch.Tensor, positions: torch.Tensor, block_table, batch_idx) -> None:
@@ -145,13 +131,13 @@ def flash_attn_with_kvcache(
         if page_size % 16:
             raise ValueError(f"k_cache: page size (dim 1 of a paged cache) must be a multiple of 16, got {page_size}")
         capacity = block_table.shape[1] * page_size
-        _check_on_device(((block_table >= 0) & (block_table < k_cache.shape[0])).all(),
+        check_on_device(((block_table >= 0) & (block_table < k_cache.shape[0])).all(),
                          f"block_table: expected page indices in [0, {k_cache.shape[0]}) (the cache's blocks)")
     else:
         capacity = k_cache.shape[1]
         if cache_batch_idx is not None:
             _check_index("cache_batch_idx", cache_batch_idx, (batch,), device)
-            _check_on_device(((cache_batch_idx >= 0) & (cache_batch_idx < k_cache.shape[0])).all(),
+            check_on_device(((cache_batch_idx >= 0) & (cache_batch_idx < k_cache.shape[0])).all(),
                              f"cache_batch_idx: expected rows in [0, {k_cache.shape[0]}) (the cache's batch)")
         elif k_cache.shape[0] != batch:
             raise ValueError(f"k_cache: expected batch {batch} (the batch of q) without cache_batch_idx, "
@@ -177,9 +163,9 @@ def flash_attn_with_kvcache(
     _check_index("cache_seqlens", cache_seqlens, (batch,), device)
     if cache_leftpad is not None:
         _check_index("cache_leftpad", cache_leftpad, (batch,), device)
-        _check_on_device(((cache_leftpad >= 0) & (cache_leftpad <= cache_seqlens)).all(),
+        check_on_device(((cache_leftpad >= 0) & (cache_leftpad <= cache_seqlens)).all(),
                          "cache_leftpad: expected 0 <= cache_leftpad <= cache_seqlens")
-    _check_on_device(((cache_seqlens >= 0) & (cache_seqlens + seqlen_new <= capacity)).all(),
+    check_on_device(((cache_seqlens >= 0) & (cache_seqlens + seqlen_new <= capacity)).all(),
                      f"cache_seqlens: expected 0 <= cache_seqlens and cache_seqlens + {seqlen_new} new tokens "
                      f"<= {capacity} (the cache's capacity)")
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:

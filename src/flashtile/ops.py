@@ -45,6 +45,15 @@ def _new_like(t: Tensor, layout: str) -> Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
+def new_dropout_seed(device: torch.device) -> Tensor:
+    """A dropout seed drawn from torch's generator of ``device``, kept on the device.
+
+    One int64 element: the kernels load it, so drawing it never waits on the GPU and
+    ``torch.manual_seed`` reproduces the mask.
+    """
+    return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
+
+
 def _seed_value(seed: Optional[Tensor]) -> int:
     # The reference backend draws its Philox numbers on the host: it needs the seed as an int.
     return int(seed.item()) if seed is not None else 0

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from . import ops
 from .backends import select_backend
-from .validation import check_backend_limits, check_bias, check_tensor
+from .validation import check_backend_limits, check_bias, check_tensor, last_dim_contiguous
 
 _torch_sdpa = F.scaled_dot_product_attention  # the original, for fallbacks and for restoring
 
@@ -83,10 +83,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     # Top-left causal is the band j <= i + (seqlen_k - seqlen_q) + right with right = seqlen_q - seqlen_k.
     window_right = seqlen_q - seqlen_k if is_causal else None
-    seed = torch.randint(0, 2**62, (1,), device=q.device, dtype=torch.int64) if dropout_p > 0 else None
+    seed = ops.new_dropout_seed(q.device) if dropout_p > 0 else None
     backend = select_backend(q.device, q.dtype)
     check_backend_limits(backend, q.dtype, headdim)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, _ = ops.attention_forward(
         q, k, v, "bhsd", softmax_scale, None, window_right, 0.0, None, backend,
         bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed, None, None, 0, 0, None,

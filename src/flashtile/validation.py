@@ -123,6 +123,32 @@ def check_bias(bias, full_shape: tuple[int, int, int, int], device: torch.device
                          f"{full_shape}, got {tuple(bias.shape)}")
 
 
+def check_int32_tensor(name: str, t, device: torch.device) -> None:
+    """An index tensor (cu_seqlens, cache_seqlens, block tables …): int32, on q's device."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected an int32 torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name}: expected dtype torch.int32, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name}: expected device {device} (the device of q), got {t.device}")
+
+
+def check_on_device(ok: torch.Tensor, message: str, cpu_message=None) -> None:
+    """Check a condition on index values: a ValueError on the CPU (with ``cpu_message()``,
+    which may show the values, if given); on a GPU an asynchronous device assert, since
+    reading the values on the host would wait for the GPU."""
+    if ok.device.type == "cpu":
+        if not bool(ok):
+            raise ValueError(cpu_message() if cpu_message is not None else message)
+    else:
+        torch._assert_async(ok, message)
+
+
+def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    # The kernels read rows of headdim as vectors; only a strided last dim forces a copy.
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def check_backend_limits(backend: str, dtype: torch.dtype, headdim: int) -> None:
     """Limits of the Triton kernels, checked once the backend is known."""
     if backend != "triton":

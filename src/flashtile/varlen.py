@@ -16,33 +16,23 @@ import torch
 from . import ops
 from .backends import select_backend
 from .masks import normalize_window
-from .validation import check_backend_limits, check_options, check_tensor
+from .validation import (check_backend_limits, check_int32_tensor, check_on_device, check_options, check_tensor,
+                         last_dim_contiguous)
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, total: int, batch: int | None,
                       max_seqlen: int, max_name: str) -> None:
-    if not isinstance(cu, torch.Tensor):
-        raise TypeError(f"{name}: expected an int32 torch.Tensor, got {type(cu).__name__}")
-    if cu.dtype != torch.int32:
-        raise TypeError(f"{name}: expected dtype torch.int32, got {cu.dtype}")
-    if cu.device != device:
-        raise ValueError(f"{name}: expected device {device} (the device of q), got {cu.device}")
+    check_int32_tensor(name, cu, device)
     if cu.dim() != 1 or cu.shape[0] < 2:
         raise ValueError(f"{name}: expected a 1-d tensor of batch + 1 >= 2 offsets, got shape {tuple(cu.shape)}")
     if batch is not None and cu.shape[0] != batch + 1:
         raise ValueError(f"{name}: expected {batch + 1} offsets (as cu_seqlens_q), got {cu.shape[0]}")
     message = f"{name}: expected non-decreasing offsets starting >= 0 and ending <= {total} (the packed rows)"
     lengths = cu[1:] - cu[:-1]
-    checks = [((cu[0] >= 0) & (cu[-1] <= total) & (lengths >= 0).all(), message),
-              ((lengths <= max_seqlen).all(), f"{max_name}: expected >= every sequence's length in {name}, "
-                                              f"got {max_seqlen}")]
-    for ok, text in checks:
-        if cu.device.type == "cpu":
-            if not bool(ok):
-                raise ValueError(f"{text}, got {cu.tolist()}" if text is message else text)
-        else:
-            # Checking on the host would wait for the GPU; this assert fires on the device instead.
-            torch._assert_async(ok, text)
+    check_on_device((cu[0] >= 0) & (cu[-1] <= total) & (lengths >= 0).all(), message,
+                    cpu_message=lambda: f"{message}, got {cu.tolist()}")
+    check_on_device((lengths <= max_seqlen).all(),
+                    f"{max_name}: expected >= every sequence's length in {name}, got {max_seqlen}")
 
 
 def _check_max_seqlen(name: str, value) -> int:
@@ -99,11 +89,11 @@ def flash_attn_varlen_func(
         headdim=headdim, batch=batch, heads_q=heads_q, device=q.device, softmax_scale=softmax_scale,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
     )
-    seed = torch.randint(0, 2**62, (1,), device=q.device, dtype=torch.int64) if dropout_p > 0 else None
+    seed = ops.new_dropout_seed(q.device) if dropout_p > 0 else None
     backend = select_backend(q.device, q.dtype)
     check_backend_limits(backend, q.dtype, headdim)
     band = normalize_window(causal, window_size)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention_forward(
         q, k, v, "thd", softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
         bool(torch.backends.cuda.matmul.allow_tf32), None, float(dropout_p), seed, cu_seqlens_q, cu_seqlens_k,

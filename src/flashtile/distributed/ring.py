@@ -41,7 +41,7 @@ from .. import ops
 from ..backends import select_backend
 from ..masks import Band, normalize_window
 from ..merge import merge_attention_states_pair
-from ..validation import check_backend_limits, check_options, check_qkv
+from ..validation import check_backend_limits, check_options, check_qkv, last_dim_contiguous
 from .comm import LocalRing, RingComm
 from .plan import BlockCall, plan_block
 from .sharding import check_sharding, shard_segments
@@ -247,6 +247,6 @@ def ring_attention(
     comm = RingComm(group)
     cfg = ring_config(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size, layout=layout,
                       sharding=sharding, softcap=softcap, world_size=comm.world_size)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = _RingAttention.apply(q, k, v, cfg, comm)
     return (out, lse) if return_lse else out
