@@ -29,7 +29,8 @@ class BackendStatus:
     reason: str
 
 
-def _interpreter_requested() -> bool:
+def interpreting() -> bool:
+    """Whether TRITON_INTERPRET asks for Triton's interpreter (kernels on CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
@@ -38,7 +39,7 @@ def triton_status(device: torch.device | None = None) -> BackendStatus:
     if not _TRITON_INSTALLED:
         return BackendStatus("triton", False, "the 'triton' package is not installed")
     if device is not None and device.type == "cpu" or device is None and not torch.cuda.is_available():
-        if _interpreter_requested():
+        if interpreting():
             return BackendStatus("triton", True, "CPU tensors run in Triton's interpreter (TRITON_INTERPRET=1)")
         return BackendStatus(
             "triton", False, "no CUDA GPU for these tensors (set TRITON_INTERPRET=1 to run the kernels on the CPU)"

@@ -128,10 +128,16 @@ def lookup(key: str) -> BlockMask:
             from None
 
 
+@functools.lru_cache(maxsize=64)
 def depends_on_batch_and_head(mask: MaskMod) -> tuple[bool, bool]:
-    """Whether the mask's value varies with b or h (probed on a tiny grid)."""
-    probe = mask(torch.arange(2).view(-1, 1, 1, 1), torch.arange(2).view(1, -1, 1, 1), torch.arange(4).view(1, 1, -1, 1)
-                 .clamp(max=0 if mask.buffer is not None and mask.buffer.numel() < 4 else 3),
-                 torch.arange(4).view(1, 1, 1, -1).clamp(max=0 if mask.buffer is not None and mask.buffer.numel() < 4
-                                                          else 3))
+    """Whether the mask's value varies with b or h, probed once per mask on a tiny grid.
+
+    A mask that uses b or h broadcasts its result over their index tensors; one that does
+    not keeps size 1 there.
+    """
+    # Positions 0..3, or only 0 when the mask reads a tensor shorter than that.
+    n = 1 if mask.buffer is not None and mask.buffer.numel() < 4 else 4
+    positions = torch.arange(n)
+    probe = mask(torch.arange(2).view(-1, 1, 1, 1), torch.arange(2).view(1, -1, 1, 1), positions.view(1, 1, -1, 1),
+                 positions.view(1, 1, 1, -1))
     return probe.dim() == 4 and probe.shape[0] > 1, probe.dim() == 4 and probe.shape[1] > 1

@@ -97,10 +97,9 @@ def key_range(q_lo: int, q_hi: int, seqlen_q: int, seqlen_k: int, band: Band) ->
 
 
 def query_range(k_lo: int, k_hi: int, seqlen_q: int, seqlen_k: int, band: Band) -> tuple[int, int]:
-    """Query rows ``[lo, hi)`` that see at least one key in ``[k_lo, k_hi)``."""
-    offset = seqlen_k - seqlen_q
-    # j <= i + offset + right  <=>  i >= j - offset - right
-    lo = 0 if band.right is None else max(0, k_lo - offset - band.right)
-    # j >= i + offset - left   <=>  i <= j - offset + left
-    hi = seqlen_q if band.left is None else min(seqlen_q, k_hi - 1 - offset + band.left + 1)
-    return lo, max(lo, hi)
+    """Query rows ``[lo, hi)`` that see at least one key in ``[k_lo, k_hi)``.
+
+    Key j is seen by rows i with j - offset - right <= i <= j - offset + left: the same band
+    with queries and keys swapped (offset negated, left and right exchanged).
+    """
+    return key_range(k_lo, k_hi, seqlen_k, seqlen_q, Band(band.right, band.left))

@@ -89,27 +89,12 @@ def _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
 @triton.jit
 def _query_tiles(n_lo, n_hi, seqlen_q, seqlen_k, window_left, window_right,
                  BLOCK_M: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
-    """Q tiles that see the K/V tile [n_lo, n_hi), as in :func:`_key_tiles` with roles swapped."""
-    offset = seqlen_k - seqlen_q
-    if HAS_RIGHT:  # key j is seen by rows i >= j - offset - window_right
-        lo = tl.maximum(n_lo - offset - window_right, 0)
-        full_lo = tl.cdiv(tl.maximum(n_hi - 1 - offset - window_right, 0), BLOCK_M) * BLOCK_M
-    else:
-        lo = tl.full([], 0, tl.int32)
-        full_lo = lo
-    lo = lo // BLOCK_M * BLOCK_M
-    full_lo = tl.maximum(full_lo, lo)
-    if HAS_LEFT:  # ... and by rows i <= j - offset + window_left
-        hi = tl.minimum(n_hi - offset + window_left, seqlen_q)
-        full_hi = tl.minimum(tl.maximum(n_lo - offset + window_left + 1, 0), seqlen_q) // BLOCK_M * BLOCK_M
-    else:
-        hi = seqlen_q
-        full_hi = seqlen_q // BLOCK_M * BLOCK_M
-    hi = tl.maximum(hi, lo)
-    full_hi = tl.maximum(full_hi, full_lo)
-    full_lo = tl.minimum(full_lo, hi)
-    full_hi = tl.minimum(full_hi, tl.maximum(hi, full_lo))
-    return lo, full_lo, full_hi, hi
+    """Q tiles that see the K/V tile [n_lo, n_hi), as three ranges like :func:`_key_tiles`.
+
+    Key j is seen by rows i with j - offset - right <= i <= j - offset + left: the same band
+    with queries and keys swapped (offset negated, left and right exchanged).
+    """
+    return _key_tiles(n_lo, n_hi, seqlen_k, seqlen_q, window_right, window_left, BLOCK_M, HAS_RIGHT, HAS_LEFT)
 
 
 @triton.jit

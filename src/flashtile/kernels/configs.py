@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
+
+from ..backends import interpreting
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,6 @@ def override(forward: KernelConfig | None = None, backward: tuple[KernelConfig, 
         yield
     finally:
         _override.update(saved)
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 @functools.lru_cache(maxsize=None)

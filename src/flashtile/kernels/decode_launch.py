@@ -10,7 +10,7 @@ import triton
 from ..masks import Band
 from .configs import interpreting
 from .decode import _decode_kernel
-from .launch import _dot_precision, _padded_head_dim, _qk_scale
+from .launch import _alibi_args, _dot_precision, _padded_head_dim, _qk_scale
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,12 +75,7 @@ def decode_attention_triton(
     out = torch.empty(num_splits, batch, seqlen_q, heads_q, head_dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(num_splits, batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
     dummy = seqlens_k
-    if alibi_slopes is None:
-        alibi, stride_ab, stride_ah = dummy, 0, 0
-    elif alibi_slopes.dim() == 1:
-        alibi, stride_ab, stride_ah = alibi_slopes, 0, alibi_slopes.stride(0)
-    else:
-        alibi, stride_ab, stride_ah = alibi_slopes, alibi_slopes.stride(0), alibi_slopes.stride(1)
+    alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, dummy)
     grid = (num_splits, batch * heads_kv, m_blocks)
     _decode_kernel[grid](
         q, k_cache, v_cache, out, lse, seqlens_k,
