@@ -10,8 +10,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/gpu.txt"
 case ${1:-tests} in
   tests)
-    timeout 560 python3 -m pytest -q -p no:cacheprovider -n 8 tests/ > "$OUT/tests.log" 2>&1
-    tail -1 "$OUT/tests.log"; grep -E "^FAILED" "$OUT/tests.log" | head -20 ;;
+    timeout 560 python3 -m pytest -q -p no:cacheprovider -n "${WORKERS:-8}" --durations=30 tests/ > "$OUT/tests.log" 2>&1
+    grep -E "^FAILED|^ERROR" "$OUT/tests.log" | head -30; tail -1 "$OUT/tests.log" ;;
   bench)
     timeout 60 python3 benchmarks/speed_table.py --headdims 64 128 --seqlens 1024 16384 --json "$OUT/speed.json" \
       > "$OUT/speed.log" 2>&1

@@ -26,6 +26,14 @@ def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
 
 
+def pytest_configure(config):
+    # Under pytest-xdist on a machine with several GPUs, spread the workers over them:
+    # tests say device="cuda", which is the current device of each worker process.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if HAS_CUDA and worker.startswith("gw") and torch.cuda.device_count() > 1:
+        torch.cuda.set_device(int(worker[2:]) % torch.cuda.device_count())
+
+
 def pytest_collection_modifyitems(config, items):
     skip_slow = pytest.mark.skip(reason="slow: pass --runslow to run it")
     skip_gpu = pytest.mark.skip(reason="gpu: needs a CUDA GPU (torch.cuda.is_available() is False here)")
