@@ -79,8 +79,9 @@ def check_varlen(lens_q, lens_k, heads_q, heads_kv, headdim, dtype=torch.float32
     for name, g, r, p in zip(("dq", "dk", "dv"), grads, ref_grads, pt_grads):
         assert_close_to_oracle(name, g, r, p, grad=True)
     # Padding rows past the last sequence: zero output and zero gradients, never garbage.
-    assert torch.all(out[-pad:] == 0) and torch.all(grads[0][-pad:] == 0)
-    assert torch.all(grads[1][-pad:] == 0) and torch.all(grads[2][-pad:] == 0)
+    # (Sliced from the start: ``t[-pad:]`` with pad = 0 would be the whole tensor.)
+    assert torch.all(out[total_q - pad:] == 0) and torch.all(grads[0][total_q - pad:] == 0)
+    assert torch.all(grads[1][total_k - pad:] == 0) and torch.all(grads[2][total_k - pad:] == 0)
 
 
 CASES = [

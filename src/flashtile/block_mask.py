@@ -137,7 +137,8 @@ def depends_on_batch_and_head(mask: MaskMod) -> tuple[bool, bool]:
     """
     # Positions 0..3, or only 0 when the mask reads a tensor shorter than that.
     n = 1 if mask.buffer is not None and mask.buffer.numel() < 4 else 4
-    positions = torch.arange(n)
-    probe = mask(torch.arange(2).view(-1, 1, 1, 1), torch.arange(2).view(1, -1, 1, 1), positions.view(1, 1, -1, 1),
-                 positions.view(1, 1, 1, -1))
+    device = mask.buffer.device if mask.buffer is not None else None  # the indices must sit beside the buffer
+    positions = torch.arange(n, device=device)
+    index = torch.arange(2, device=device)
+    probe = mask(index.view(-1, 1, 1, 1), index.view(1, -1, 1, 1), positions.view(1, 1, -1, 1), positions.view(1, 1, 1, -1))
     return probe.dim() == 4 and probe.shape[0] > 1, probe.dim() == 4 and probe.shape[1] > 1

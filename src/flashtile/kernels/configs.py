@@ -50,28 +50,40 @@ def device_limits(device_index: int) -> tuple[tuple[int, int], int]:
     return (props.major, props.minor), smem
 
 
-def _smem_bytes(cfg: KernelConfig, head_dim: int, elem: int, streams_keys: bool, resident_tiles: int) -> int:
+def _smem_bytes(cfg: KernelConfig, head_dim: int, elem: int, streams_keys: bool, resident_tiles: int,
+                bias_elem: int) -> int:
     # Each pipeline stage buffers the two streamed tiles (K and V in the forward and dQ
-    # kernels, Q and dO in the dK/dV kernel); the resident tiles are staged once.
+    # kernels, Q and dO in the dK/dV kernel) and, with a bias, its BLOCK_M × BLOCK_N tile
+    # in the bias's own dtype; the resident tiles are staged once.
     streamed_rows, resident_rows = (cfg.BLOCK_N, cfg.BLOCK_M) if streams_keys else (cfg.BLOCK_M, cfg.BLOCK_N)
-    return (cfg.num_stages * 2 * streamed_rows + resident_tiles * resident_rows) * head_dim * elem
+    tiles = (cfg.num_stages * 2 * streamed_rows + resident_tiles * resident_rows) * head_dim * elem
+    return tiles + cfg.num_stages * cfg.BLOCK_M * cfg.BLOCK_N * bias_elem
 
 
 def _fit(cfg: KernelConfig, head_dim: int, elem: int, smem_limit: int, streams_keys: bool = True,
-         resident_tiles: int = 2) -> KernelConfig:
+         resident_tiles: int = 2, bias_elem: int = 0) -> KernelConfig:
     """Trim the pipeline depth until the shared-memory estimate fits the device."""
-    while cfg.num_stages > 1 and _smem_bytes(cfg, head_dim, elem, streams_keys, resident_tiles) > smem_limit:
+    while cfg.num_stages > 1 and _smem_bytes(cfg, head_dim, elem, streams_keys, resident_tiles, bias_elem) > smem_limit:
         cfg = KernelConfig(cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages - 1)
     return cfg
 
 
+def _with_blocks(cfg: KernelConfig, blocks: tuple[int, int] | None) -> KernelConfig:
+    # With a block mask, the kernels' tiles are the block mask's tiles.
+    return cfg if blocks is None else KernelConfig(blocks[0], blocks[1], cfg.num_warps, cfg.num_stages)
+
+
 def forward_config(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device,
-                   seqlen_q: int = 4096) -> KernelConfig:
-    """Config of ``_fwd_kernel``; head_dim is the padded (power-of-two) head dim."""
+                   seqlen_q: int = 4096, bias_elem: int = 0, blocks: tuple[int, int] | None = None) -> KernelConfig:
+    """Config of ``_fwd_kernel``; head_dim is the padded (power-of-two) head dim.
+
+    ``bias_elem``: bytes per element of the additive bias (0 without one); ``blocks``:
+    (BLOCK_M, BLOCK_N) imposed by a block mask. Both count in the shared-memory fit.
+    """
     if _override["forward"] is not None:
         return _override["forward"]
     if interpreting() or device.type != "cuda":
-        return INTERPRETER_CONFIG
+        return _with_blocks(INTERPRETER_CONFIG, blocks)
     (major, _), smem = device_limits(device.index if device.index is not None else torch.cuda.current_device())
     elem = 4 if dtype == torch.float32 else 2
     if dtype == torch.float32:
@@ -89,16 +101,18 @@ def forward_config(head_dim: int, dtype: torch.dtype, causal: bool, device: torc
         cfg = KernelConfig(128, 64, 4, 3) if head_dim <= 64 else KernelConfig(128, 32 if head_dim > 128 else 64, 8, 2)
     else:
         cfg = KernelConfig(64, 32, 4, 2)
-    return _fit(cfg, head_dim, elem, smem, resident_tiles=1)  # only Q stays resident
+    # Only Q stays resident.
+    return _fit(_with_blocks(cfg, blocks), head_dim, elem, smem, resident_tiles=1, bias_elem=bias_elem)
 
 
-def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool,
-                     device: torch.device) -> tuple[KernelConfig, KernelConfig]:
-    """Configs of ``_bwd_dkdv_kernel`` and ``_bwd_dq_kernel`` (they stream different tiles)."""
+def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, bias_elem: int = 0,
+                     blocks: tuple[int, int] | None = None) -> tuple[KernelConfig, KernelConfig]:
+    """Configs of ``_bwd_dkdv_kernel`` and ``_bwd_dq_kernel`` (they stream different tiles);
+    ``bias_elem`` and ``blocks`` as in :func:`forward_config`."""
     if _override["backward"] is not None:
         return _override["backward"]
     if interpreting() or device.type != "cuda":
-        return INTERPRETER_CONFIG, INTERPRETER_CONFIG
+        return _with_blocks(INTERPRETER_CONFIG, blocks), _with_blocks(INTERPRETER_CONFIG, blocks)
     (major, _), smem = device_limits(device.index if device.index is not None else torch.cuda.current_device())
     elem = 4 if dtype == torch.float32 else 2
     if dtype == torch.float32:
@@ -113,4 +127,6 @@ def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool,
             dkdv = dq = KernelConfig(32, 64, 4, 1)
     else:
         dkdv = dq = KernelConfig(64, 64, 4, 2) if head_dim <= 64 else KernelConfig(32, 64, 4, 1)
-    return _fit(dkdv, head_dim, elem, smem, streams_keys=False), _fit(dq, head_dim, elem, smem)
+    dkdv, dq = _with_blocks(dkdv, blocks), _with_blocks(dq, blocks)
+    return (_fit(dkdv, head_dim, elem, smem, streams_keys=False, bias_elem=bias_elem),
+            _fit(dq, head_dim, elem, smem, bias_elem=bias_elem))

@@ -15,7 +15,7 @@ import triton
 from ..masks import Band
 from . import autotune
 from .bwd import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
-from .configs import KernelConfig, backward_configs, forward_config
+from .configs import backward_configs, forward_config
 from .fwd import _fwd_kernel
 
 LOG2E = 1.4426950408889634
@@ -78,11 +78,10 @@ def _block_mask_args(block_mask, transposed: bool, dummy: torch.Tensor):
     return (idx, partial, count, buffer), strides, block_mask.mask.triton_fn()
 
 
-def _with_blocks(cfg: KernelConfig, block_mask) -> KernelConfig:
-    # With a block mask, the kernels' tiles are the block mask's tiles.
-    if block_mask is None:
-        return cfg
-    return KernelConfig(block_mask.block_m, block_mask.block_n, cfg.num_warps, cfg.num_stages)
+def _fit_args(bias: torch.Tensor | None, block_mask) -> dict:
+    """What the config choice must fit beside the Q/K/V tiles: a bias tile, a block mask's tiles."""
+    return dict(bias_elem=bias.element_size() if bias is not None else 0,
+                blocks=(block_mask.block_m, block_mask.block_n) if block_mask is not None else None)
 
 
 def _launch_args(cfg) -> dict:
@@ -173,7 +172,7 @@ def attention_forward_triton(
             DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), MASK_MOD=mask_fn, **_launch_args(cfg),
         )
 
-    cfg = _with_blocks(forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q), block_mask)
+    cfg = forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q, **_fit_args(bias, block_mask))
     if block_mask is not None:
         launch(cfg)  # tile sizes are the block mask's: nothing to tune
     else:
@@ -218,8 +217,7 @@ def attention_backward_triton(
         dout = dout.contiguous()
     head_dim_padded = _padded_head_dim(head_dim)
     causal_like = band.right is not None  # causal or a right window: the diagonal-heavy configs
-    cfg_dkdv, cfg_dq = (_with_blocks(c, block_mask)
-                        for c in backward_configs(head_dim_padded, q.dtype, causal_like, q.device))
+    cfg_dkdv, cfg_dq = backward_configs(head_dim_padded, q.dtype, causal_like, q.device, **_fit_args(bias, block_mask))
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
     if dlse is not None:

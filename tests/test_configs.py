@@ -1,0 +1,55 @@
+"""Launch configs fit the GPU's shared memory, bias tiles and block-mask tiles included.
+
+Runs anywhere: the device's limits are stubbed with the H200's (232448 bytes per block,
+compute capability 9.0). Regression: with a float32 bias, the d128 dQ kernel's table
+config (128, 64, 8 warps, 3 stages) asked Triton for 262144 bytes on the H200 and
+failed to launch (OutOfResources), because the fit did not count the bias tile.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashtile.kernels import configs
+from flashtile.kernels.configs import _smem_bytes
+
+H200_SMEM = 232448
+
+
+@pytest.fixture
+def h200(monkeypatch):
+    monkeypatch.setattr(configs, "interpreting", lambda: False)
+    monkeypatch.setattr(configs, "device_limits", lambda index: ((9, 0), H200_SMEM))
+    return torch.device("cuda", 0)
+
+
+def elem_size(dtype):
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+@pytest.mark.parametrize("blocks", [None, (64, 64), (128, 128)])
+@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+def test_configs_fit_shared_memory(h200, head_dim, dtype, bias_dtype, blocks):
+    elem = elem_size(dtype)
+    bias_elem = elem_size(bias_dtype) if bias_dtype is not None else 0
+    for causal in (False, True):
+        fwd = configs.forward_config(head_dim, dtype, causal, h200, bias_elem=bias_elem, blocks=blocks)
+        dkdv, dq = configs.backward_configs(head_dim, dtype, causal, h200, bias_elem=bias_elem, blocks=blocks)
+        if blocks is not None:
+            assert all((c.BLOCK_M, c.BLOCK_N) == blocks for c in (fwd, dkdv, dq))
+        for cfg, streams_keys, resident in ((fwd, True, 1), (dkdv, False, 2), (dq, True, 2)):
+            need = _smem_bytes(cfg, head_dim, elem, streams_keys, resident, bias_elem)
+            # A single stage is the floor: trimming cannot go further (the tiles themselves must fit).
+            assert need <= H200_SMEM or cfg.num_stages == 1, (cfg, need)
+
+
+def test_bias_trims_pipeline_depth(h200):
+    plain = configs.backward_configs(128, torch.bfloat16, False, h200)[1]
+    with_bias = configs.backward_configs(128, torch.bfloat16, False, h200, bias_elem=4)[1]
+    assert (plain.BLOCK_M, plain.BLOCK_N) == (with_bias.BLOCK_M, with_bias.BLOCK_N)
+    assert with_bias.num_stages < plain.num_stages
+    # The failing launch's figure, reproduced by the estimate with the bias counted.
+    assert _smem_bytes(plain, 128, 2, True, 2, bias_elem=4) == 262144
