@@ -107,8 +107,19 @@ def _merge_forward(outs: Sequence[Tensor], lses: Sequence[Tensor], layout: str) 
         # An empty part's out is 0 by convention, but an unwritten buffer may hold NaN: 0 · NaN = NaN.
         term = _masked(out_i, lse_i, cdtype, layout) * _lse_rows_to_out(p_i, layout)
         acc = term if acc is None else acc + term
-    out = acc.to(outs[0].dtype).contiguous()
-    return out, lse.to(lses[0].dtype)
+    return _own(acc, outs[0].dtype), _own(lse, lses[0].dtype)
+
+
+def _own(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t.to(dtype).contiguous()``, without calling either when it would return ``t`` itself.
+
+    Under torch.compile, torch 2.11 drops the gradient of an autograd.Function output
+    that a no-op ``.to``/``.contiguous()`` made an alias of an intermediate: every input's
+    gradient came back zero (found on the H200 image; tests/test_merge.py checks it).
+    """
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _masked(out_i: Tensor, lse_i: Tensor, cdtype: torch.dtype, layout: str) -> Tensor:
