@@ -345,7 +345,7 @@ def test_opcheck_attention_backward():
                                                      None, 0.0, None, None, None, 0, 0, None)
     for dlse in (torch.randn_like(lse), None):
         args = (torch.randn_like(out), dlse, q, k, v, out, lse, "bshd", 0.25, None, 0, 0.0, None, "reference", False,
-                None, 0.0, None, None, None, 0, 0, None, False)
+                None, 0.0, None, None, None, 0, 0, None, None, False)
         result = torch.library.opcheck(torch.ops.flashtile.attention_backward.default, args)
         failed = {test: status for test, status in result.items() if status != "SUCCESS"}
         assert not failed, f"opcheck failed (dlse={'given' if dlse is not None else None}): {failed}"

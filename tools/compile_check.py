@@ -30,13 +30,14 @@ POINTER_TYPES = {  # pointer arguments by name; the rest of the tensors are bf16
     "LSE": "*fp32", "Delta": "*fp32", "DLSE": "*fp32", "Alibi": "*fp32", "DBias": "*fp32", "OutPartial": "*fp32",
     "LsePartial": "*fp32", "Cu_seqlens_q": "*i32", "Cu_seqlens_k": "*i32", "Seed": "*i64", "CacheSeqlens": "*i32",
     "CacheBatchIdx": "*i32", "LeftPad": "*i32", "BlockTable": "*i32", "KvIdx": "*i32", "KvPartial": "*i32",
-    "KvCount": "*i32", "QIdx": "*i32", "QPartial": "*i32", "QCount": "*i32", "MaskBuf": "*i32",
+    "KvCount": "*i32", "QIdx": "*i32", "QPartial": "*i32", "QCount": "*i32", "MaskBuf": "*i32", "ScoreBuf": "*fp32",
 }
 TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias"}
 
 
 def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
     params = list(inspect.signature(kernel.fn).parameters)
+    constexprs = {k: v for k, v in constexprs.items() if k in params}  # SCORE_GRAD: backward kernels only
     signature = {}
     for p in params:
         if p in constexprs:
@@ -57,19 +58,22 @@ def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
 
 def variants(quick: bool):
     from flashtile.mask_mods import and_masks, causal_mask, document_mask
+    from flashtile.score_mods import softcap_score
 
     import torch
 
     mask = and_masks(causal_mask(), document_mask(torch.zeros(8, dtype=torch.int32))).triton_fn()
+    score, score_grad = softcap_score(20.0).triton_fns()
     flags = dict(HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_BIAS=False,
-                 HAS_DROPOUT=False, IS_VARLEN=False, DOT_PRECISION="ieee", MASK_MOD=None)
+                 HAS_DROPOUT=False, IS_VARLEN=False, DOT_PRECISION="ieee", MASK_MOD=None,
+                 SCORE_MOD=None, SCORE_GRAD=None)
     every = dict(HAS_LEFT=True, HAS_RIGHT=True, HAS_SOFTCAP=True, HAS_ALIBI=True, HAS_BIAS=True, HAS_DROPOUT=True,
-                 IS_VARLEN=True, DOT_PRECISION="ieee", MASK_MOD=None)
-    masked = dict(flags, HAS_RIGHT=False, MASK_MOD=mask)
+                 IS_VARLEN=True, DOT_PRECISION="ieee", MASK_MOD=None, SCORE_MOD=None, SCORE_GRAD=None)
+    masked = dict(flags, HAS_RIGHT=False, MASK_MOD=mask, SCORE_MOD=score, SCORE_GRAD=score_grad)
     dims = [(128, 128)] if quick else [(128, 128), (40, 64), (256, 256)]
     for d, dp in dims:
-        for name, f in ([("causal", flags), ("mask_mod", masked)] if quick else
-                        [("causal", flags), ("every option", every), ("mask_mod", masked)]):
+        for name, f in ([("causal", flags), ("mask_mod+score_mod", masked)] if quick else
+                        [("causal", flags), ("every option", every), ("mask_mod+score_mod", masked)]):
             yield (f"fwd d={d} {name}", _fwd_kernel,
                    dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=128, BLOCK_N=64 if d > 128 else 128, **f), 8, 2)
             yield (f"dkdv d={d} {name}", _bwd_dkdv_kernel,

@@ -11,6 +11,7 @@ from .kvcache import flash_attn_with_kvcache
 from .merge import merge_attention_states, merge_attention_states_pair
 from .reference import naive_attention
 from .reference.philox import dropout_keep_mask
+from .score_mods import ScoreMod, score_mod
 from .sdpa import scaled_dot_product_attention, use_flashtile_sdpa
 from .varlen import flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func
 
@@ -34,6 +35,8 @@ __all__ = [
     "backend_status",
     "BlockMask",
     "create_block_mask",
+    "ScoreMod",
+    "score_mod",
     "io",
     "nn",
     "__version__",

@@ -17,6 +17,8 @@ from .backends import select_backend
 from .block_mask import BlockMask, create_block_mask, depends_on_batch_and_head, register
 from .kernels.configs import interpreting
 from .mask_mods import mask_mod as as_mask_mod
+from .score_mods import register as register_score_mod
+from .score_mods import score_mod as as_score_mod
 from .masks import normalize_window
 from .validation import check_backend_limits, check_bias, check_options, check_qkv, last_dim_contiguous
 
@@ -38,6 +40,7 @@ def attention(
     dropout_seed: int | None = None,
     mask_mod=None,
     block_mask=None,
+    score_mod=None,
 ):
     """Exact attention, computed tile by tile without an N×N matrix.
 
@@ -72,6 +75,10 @@ def attention(
             ``causal``/``window_size``. K/V tiles the mask hides entirely are skipped.
         block_mask: ``flashtile.create_block_mask(mask_mod, ...)`` built once and reused
             across layers and calls; built (and cached) on the fly when omitted.
+        score_mod: ``(score, b, h, q_idx, kv_idx) -> score`` applied to ``q·k · scale``
+            after softcap and ALiBi, before the bias and the masks (see
+            :mod:`flashtile.score_mods`); compiled into the kernels. A backward through
+            the kernels needs its derivative: ``flashtile.score_mod(fn, grad=...)``.
 
     Returns:
         out in q's layout and dtype; ``(out, lse)`` when ``return_lse``.
@@ -100,13 +107,30 @@ def attention(
             seed = torch.tensor([dropout_seed], device=q.device, dtype=torch.int64)
     backend = select_backend(q.device, q.dtype)
     check_backend_limits(backend, q.dtype, headdim)
+    score_mod, score_key = _register_score_mod(score_mod, backend, q, k, v)  # a strong reference until the op ran
     band = normalize_window(causal, window_size)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention_forward(
         q, k, v, layout, softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
         bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed, None, None, 0, 0, mask_key,
+        score_key,
     )
     return (out, lse) if return_lse else out
+
+
+def _register_score_mod(score_mod, backend: str, q, k, v):
+    """Check a score_mod; returns it as a ScoreMod and its name for the ops (None, None without one)."""
+    if score_mod is None:
+        return None, None
+    mod = as_score_mod(score_mod)
+    if mod.buffer is not None and mod.buffer.device != q.device:
+        raise ValueError(f"score_mod: its tensor is on {mod.buffer.device}, q on {q.device}")
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if backend == "triton" and needs_grad and not mod.has_kernel_grad:
+        raise ValueError(f"score_mod: {mod.name!r} has no derivative for the Triton kernels and q, k or v requires "
+                         "grad; wrap it as flashtile.score_mod(fn, grad=...) (grad=1.0 if it only adds to the "
+                         "score), or run without gradients")
+    return mod, register_score_mod(mod)
 
 
 def _register_block_mask(mask, block_mask, causal, window_size, batch, heads_q, seqlen_q, seqlen_k, device) -> str:

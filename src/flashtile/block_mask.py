@@ -140,5 +140,6 @@ def depends_on_batch_and_head(mask: MaskMod) -> tuple[bool, bool]:
     device = mask.buffer.device if mask.buffer is not None else None  # the indices must sit beside the buffer
     positions = torch.arange(n, device=device)
     index = torch.arange(2, device=device)
-    probe = mask(index.view(-1, 1, 1, 1), index.view(1, -1, 1, 1), positions.view(1, 1, -1, 1), positions.view(1, 1, 1, -1))
+    probe = mask(index.view(-1, 1, 1, 1), index.view(1, -1, 1, 1), positions.view(1, 1, -1, 1),
+                 positions.view(1, 1, 1, -1))
     return probe.dim() == 4 and probe.shape[0] > 1, probe.dim() == 4 and probe.shape[1] > 1

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from .block_mask import lookup
 from .masks import Band
+from .score_mods import lookup as lookup_score_mod
 from .reference.tiled import tiled_attention_backward, tiled_attention_forward
 from .reference.varlen import varlen_backward, varlen_forward
 
@@ -80,15 +81,18 @@ def attention_forward(
     max_seqlen_q: int,
     max_seqlen_k: int,
     mask_key: Optional[str] = None,
+    score_key: Optional[str] = None,
 ) -> tuple[Tensor, Tensor]:
     """Returns out (q's shape and layout) and the LSE, natural log: (batch, heads_q, seqlen_q),
     or (heads_q, total_q) for layout 'thd' (which takes the cu_seqlens and max_seqlen).
 
     ``bias`` is indexed (batch, heads_q, seqlen_q, seqlen_k) whatever the layout;
-    ``mask_key`` names a registered block mask (with its mask_mod).
+    ``mask_key`` names a registered block mask (with its mask_mod), ``score_key`` a
+    registered score_mod.
     """
     band = Band(window_left, window_right)
     block_mask = lookup(mask_key) if mask_key is not None else None
+    score_mod = lookup_score_mod(score_key) if score_key is not None else None
     out = _new_like(q, layout)
     q_, k_, v_, out_ = (_to_bhsd(t, layout) for t in (q, k, v, out))
     if backend == "triton":
@@ -97,7 +101,7 @@ def attention_forward(
         varlen = Varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if layout == "thd" else None
         lse = attention_forward_triton(q_, k_, v_, out_, softmax_scale, band, softcap, alibi_slopes, allow_tf32,
                                        bias=bias, dropout_p=dropout_p, dropout_seed=dropout_seed, varlen=varlen,
-                                       block_mask=block_mask)
+                                       block_mask=block_mask, score_mod=score_mod)
     elif layout == "thd":
         lse = torch.empty(_lse_shape(q, layout), dtype=_lse_dtype(q), device=q.device).fill_(float("-inf"))
         varlen_forward(q_, k_, v_, out_, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, band, softcap, alibi_slopes,
@@ -105,7 +109,8 @@ def attention_forward(
     else:
         _, lse = tiled_attention_forward(q_, k_, v_, softmax_scale, band, softcap, alibi_slopes, out=out_, bias=bias,
                                          dropout_p=dropout_p, dropout_seed=_seed_value(dropout_seed),
-                                         mask=block_mask.mask if block_mask is not None else None)
+                                         mask=block_mask.mask if block_mask is not None else None,
+                                         score_mod=score_mod)
     return out, lse
 
 
@@ -141,6 +146,7 @@ def attention_backward(
     max_seqlen_q: int,
     max_seqlen_k: int,
     mask_key: Optional[str] = None,
+    score_key: Optional[str] = None,
     bias_requires_grad: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of q, k, v and the bias (an empty tensor unless ``bias_requires_grad``).
@@ -149,6 +155,7 @@ def attention_backward(
     """
     band = Band(window_left, window_right)
     block_mask = lookup(mask_key) if mask_key is not None else None
+    score_mod = lookup_score_mod(score_key) if score_key is not None else None
     dq, dk, dv = (_new_like(t, layout) for t in (q, k, v))
     views = [_to_bhsd(t, layout) for t in (dout, q, k, v, out, dq, dk, dv)]
     dbias = None
@@ -159,7 +166,7 @@ def attention_backward(
         dbias = attention_backward_triton(
             *views[:5], lse, dlse, softmax_scale, band, softcap, alibi_slopes, allow_tf32, *views[5:], bias=bias,
             dropout_p=dropout_p, dropout_seed=dropout_seed, bias_requires_grad=bias_requires_grad, varlen=varlen,
-            block_mask=block_mask)
+            block_mask=block_mask, score_mod=score_mod)
     elif layout == "thd":
         dout_, q_, k_, v_, out_, dq_, dk_, dv_ = views
         varlen_backward(dout_, q_, k_, v_, out_, lse, dlse, dq_, dk_, dv_, cu_seqlens_q, cu_seqlens_k, softmax_scale,
@@ -172,7 +179,7 @@ def attention_backward(
         tiled_attention_backward(dout_, q_, k_, v_, out_, lse, softmax_scale, band, softcap, alibi_slopes,
                                  dlse=dlse, dq=dq_, dk=dk_, dv=dv_, bias=bias, dbias=dbias, dropout_p=dropout_p,
                                  dropout_seed=_seed_value(dropout_seed),
-                                 mask=block_mask.mask if block_mask is not None else None)
+                                 mask=block_mask.mask if block_mask is not None else None, score_mod=score_mod)
     if dbias is None:
         return dq, dk, dv, q.new_empty(0)
     return dq, dk, dv, dbias.to(bias.dtype)
@@ -181,7 +188,7 @@ def attention_backward(
 @attention_backward.register_fake
 def _(dout, dlse, q, k, v, out, lse, layout, softmax_scale, window_left, window_right, softcap, alibi_slopes, backend,
       allow_tf32, bias, dropout_p, dropout_seed, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask_key=None,
-      bias_requires_grad=False):
+      score_key=None, bias_requires_grad=False):
     dbias = torch.empty(bias.shape, dtype=bias.dtype, device=q.device) if bias_requires_grad else q.new_empty(0)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
@@ -198,8 +205,10 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, bias)
     ctx.options = options  # layout … max_seqlen_k, passed back unchanged (bias replaced below)
     ctx.bias_requires_grad = bias is not None and ctx.needs_input_grad[_BIAS_INPUT]
-    mask_key = inputs[-1]
-    ctx.block_mask = lookup(mask_key) if mask_key is not None else None  # alive until the backward
+    mask_key, score_key = inputs[-2], inputs[-1]
+    # Both stay alive until the backward (the registries hold them weakly).
+    ctx.block_mask = lookup(mask_key) if mask_key is not None else None
+    ctx.score_mod = lookup_score_mod(score_key) if score_key is not None else None
 
 
 def _backward(ctx, dout, dlse):

@@ -11,7 +11,7 @@ Every output element has exactly one writer, so the backward is bitwise determin
 import triton
 import triton.language as tl
 
-from .common import LOG2E, _band_mask, _dropout_keep, _key_tiles, _load_bias, _query_tiles, _scores_log2
+from .common import LN2, LOG2E, _band_mask, _dropout_keep, _key_tiles, _load_bias, _query_tiles, _scores_log2
 
 
 @triton.jit
@@ -63,11 +63,12 @@ def _bwd_dkdv_inner(
     Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
     start_lo, start_hi, offs_n, offs_d,
     seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
-    Idx, MaskBuf, batch, head,
+    Idx, MaskBuf, ScoreBuf, batch, head,
     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SPARSE: tl.constexpr, STEP: tl.constexpr, MASK_MOD: tl.constexpr,
+    SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr,
 ):
     """Accumulate dK, dV of one K/V tile over the Q tiles starting in [start_lo, start_hi).
 
@@ -100,6 +101,11 @@ def _bwd_dkdv_inner(
         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
         s2T, tanhT = _scores_log2(qkT, rows[None, :], offs_n[:, None], seqlen_q, seqlen_k, qk_scale, softcap,
                                   alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
+        if SCORE_MOD is not None:  # natural-log units; its derivative is taken at the unmodified score
+            q_idxT = tl.minimum(rows, seqlen_q - 1)[None, :]
+            kv_idxT = tl.minimum(offs_n, seqlen_k - 1)[:, None]
+            s_preT = s2T * LN2
+            s2T = SCORE_MOD(s_preT, batch, head, q_idxT, kv_idxT, ScoreBuf) * LOG2E
         if HAS_BIAS:
             s2T += _load_bias(Bias_head, rows[None, :], offs_n[:, None], stride_bm, stride_bn, seqlen_q,
                               seqlen_k) * LOG2E
@@ -130,6 +136,8 @@ def _bwd_dkdv_inner(
         if HAS_DROPOUT:  # dP flows back only through the kept entries
             dpT = tl.where(keepT, dpT * (1.0 / (1.0 - dropout_p)), 0.0)
         dsT = pT * (dpT - delta[None, :])
+        if SCORE_MOD is not None:
+            dsT = dsT * SCORE_GRAD(s_preT, batch, head, q_idxT, kv_idxT, ScoreBuf)
         if HAS_SOFTCAP:  # through softcap·tanh(x / softcap): times 1 - tanh²
             dsT = dsT * (1.0 - tanhT * tanhT)
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
@@ -141,7 +149,7 @@ def _bwd_dkdv_inner(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, Delta, DK, DV, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, QIdx, QPartial, QCount, MaskBuf,
+    Q, K, V, DO, LSE, Delta, DK, DV, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, QIdx, QPartial, QCount, MaskBuf, ScoreBuf,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -157,7 +165,7 @@ def _bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    MASK_MOD: tl.constexpr,
+    MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seed = 0
@@ -212,30 +220,30 @@ def _bwd_dkdv_kernel(
             Idx = QIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_n * stride_im
             dk, dv = _bwd_dkdv_inner(
                 dk, dv, k, v, *args, n_partial * 0, n_partial, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale,
-                softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, batch, head, BLOCK_M, HEAD_DIM,
+                softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_M, HEAD_DIM,
                 HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-                DOT_PRECISION, True, 1, MASK_MOD)
+                DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD)
             dk, dv = _bwd_dkdv_inner(
                 dk, dv, k, v, *args, n_partial, n_visited, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale,
-                softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, batch, head, BLOCK_M, HEAD_DIM,
+                softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_M, HEAD_DIM,
                 HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-                DOT_PRECISION, True, 1, MASK_MOD)
+                DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD)
         else:  # the band's Q tiles: masked edge, unmasked middle, masked edge
             dk, dv = _bwd_dkdv_inner(
                 dk, dv, k, v, *args, lo, full_lo, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-                alibi_slope, window_left, window_right, QIdx, MaskBuf, batch, head, BLOCK_M, HEAD_DIM,
+                alibi_slope, window_left, window_right, QIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_M, HEAD_DIM,
                 HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-                DOT_PRECISION, False, BLOCK_M, None)
+                DOT_PRECISION, False, BLOCK_M, None, SCORE_MOD, SCORE_GRAD)
             dk, dv = _bwd_dkdv_inner(
                 dk, dv, k, v, *args, full_lo, full_hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-                alibi_slope, window_left, window_right, QIdx, MaskBuf, batch, head, BLOCK_M, HEAD_DIM,
+                alibi_slope, window_left, window_right, QIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_M, HEAD_DIM,
                 HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-                DOT_PRECISION, False, BLOCK_M, None)
+                DOT_PRECISION, False, BLOCK_M, None, SCORE_MOD, SCORE_GRAD)
             dk, dv = _bwd_dkdv_inner(
                 dk, dv, k, v, *args, full_hi, hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-                alibi_slope, window_left, window_right, QIdx, MaskBuf, batch, head, BLOCK_M, HEAD_DIM,
+                alibi_slope, window_left, window_right, QIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_M, HEAD_DIM,
                 HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-                DOT_PRECISION, False, BLOCK_M, None)
+                DOT_PRECISION, False, BLOCK_M, None, SCORE_MOD, SCORE_GRAD)
 
     dk *= softmax_scale
     tl.store(DK + batch.to(tl.int64) * stride_dkb + head_kv.to(tl.int64) * stride_dkh + cols * stride_dkn
@@ -251,12 +259,12 @@ def _bwd_dq_inner(
     Bias_head, stride_bm, stride_bn, DBias_head, seed, bh, dropout_p,
     start_lo, start_hi, offs_m, offs_d,
     seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
-    Idx, MaskBuf, batch, head,
+    Idx, MaskBuf, ScoreBuf, batch, head,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     HAS_DBIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, SPARSE: tl.constexpr, STEP: tl.constexpr,
-    MASK_MOD: tl.constexpr,
+    MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr,
 ):
     """Accumulate dQ of one Q tile over the K/V tiles starting in [start_lo, start_hi)
     (or over a block mask's list ``Idx`` with SPARSE, see _attn_fwd_inner)."""
@@ -288,6 +296,11 @@ def _bwd_dq_inner(
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
         s2, tanh = _scores_log2(qk, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, qk_scale, softcap,
                                 alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
+        if SCORE_MOD is not None:  # natural-log units; its derivative is taken at the unmodified score
+            q_idx = tl.minimum(offs_m, seqlen_q - 1)[:, None]
+            kv_idx = tl.minimum(cols, seqlen_k - 1)[None, :]
+            s_pre = s2 * LN2
+            s2 = SCORE_MOD(s_pre, batch, head, q_idx, kv_idx, ScoreBuf) * LOG2E
         if HAS_BIAS:
             s2 += _load_bias(Bias_head, offs_m[:, None], cols[None, :], stride_bm, stride_bn, seqlen_q,
                              seqlen_k) * LOG2E
@@ -308,6 +321,8 @@ def _bwd_dq_inner(
         if HAS_DBIAS:  # the bias enters after the softcap: its gradient is dS before the tanh factor
             tl.store(DBias_head + offs_m[:, None].to(tl.int64) * seqlen_k + cols[None, :], ds,
                      mask=(offs_m[:, None] < seqlen_q) & (cols[None, :] < seqlen_k))
+        if SCORE_MOD is not None:
+            ds = ds * SCORE_GRAD(s_pre, batch, head, q_idx, kv_idx, ScoreBuf)
         if HAS_SOFTCAP:
             ds = ds * (1.0 - tanh * tanh)
         dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
@@ -320,7 +335,7 @@ def _bwd_dq_inner(
 @triton.jit
 def _bwd_dq_kernel(
     Q, K, V, DO, LSE, Delta, DQ, Alibi, Bias, DBias, Cu_seqlens_q, Cu_seqlens_k, KvIdx, KvPartial, KvCount,
-    MaskBuf,
+    MaskBuf, ScoreBuf,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -335,7 +350,7 @@ def _bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, HAS_DBIAS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seed = 0
@@ -389,32 +404,32 @@ def _bwd_dq_kernel(
         Idx = KvIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_m * stride_im
         dq = _bwd_dq_inner(
             dq, q, do, lse2, delta, *args, n_partial * 0, n_partial, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale,
-            softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM,
+            softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM,
             HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
-            DOT_PRECISION, True, 1, MASK_MOD)
+            DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD)
         dq = _bwd_dq_inner(
             dq, q, do, lse2, delta, *args, n_partial, n_visited, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale,
-            softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM,
+            softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM,
             HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
-            DOT_PRECISION, True, 1, MASK_MOD)
+            DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD)
     else:
         lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT)
         dq = _bwd_dq_inner(
             dq, q, do, lse2, delta, *args, lo, full_lo, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-            alibi_slope, window_left, window_right, KvIdx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM,
+            alibi_slope, window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM,
             HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
-            DOT_PRECISION, False, BLOCK_N, None)
+            DOT_PRECISION, False, BLOCK_N, None, SCORE_MOD, SCORE_GRAD)
         dq = _bwd_dq_inner(
             dq, q, do, lse2, delta, *args, full_lo, full_hi, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-            alibi_slope, window_left, window_right, KvIdx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM,
+            alibi_slope, window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM,
             HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
-            DOT_PRECISION, False, BLOCK_N, None)
+            DOT_PRECISION, False, BLOCK_N, None, SCORE_MOD, SCORE_GRAD)
         dq = _bwd_dq_inner(
             dq, q, do, lse2, delta, *args, full_hi, hi, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-            alibi_slope, window_left, window_right, KvIdx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM,
+            alibi_slope, window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM,
             HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
-            DOT_PRECISION, False, BLOCK_N, None)
+            DOT_PRECISION, False, BLOCK_N, None, SCORE_MOD, SCORE_GRAD)
     dq *= softmax_scale
     tl.store(DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh + rows * stride_dqm
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=mask)

@@ -18,11 +18,12 @@ def _attn_fwd_inner(
     Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
     start_lo, start_hi, offs_m, offs_n, offs_d,
     seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
-    Idx, MaskBuf, batch, head,
+    Idx, MaskBuf, ScoreBuf, batch, head,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SPARSE: tl.constexpr, STEP: tl.constexpr, MASK_MOD: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
 ):
     """Visit K/V tiles starting in [start_lo, start_hi); returns the updated (acc, l_i, m_i).
 
@@ -55,6 +56,9 @@ def _attn_fwd_inner(
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
         s2, _ = _scores_log2(qk, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, qk_scale, softcap,
                              alibi_slope, HAS_SOFTCAP, HAS_ALIBI)
+        if SCORE_MOD is not None:  # the user's modifier works in natural-log units
+            s2 = SCORE_MOD(s2 * LN2, batch, head, tl.minimum(offs_m, seqlen_q - 1)[:, None],
+                           tl.minimum(cols, seqlen_k - 1)[None, :], ScoreBuf) * LOG2E
         if HAS_BIAS:
             s2 += _load_bias(Bias_head, offs_m[:, None], cols[None, :], stride_bm, stride_bn, seqlen_q,
                              seqlen_k) * LOG2E
@@ -69,7 +73,7 @@ def _attn_fwd_inner(
         #    subtracting 0 instead keeps exp2 away from (-inf) - (-inf) = NaN
         m_ij = tl.maximum(m_i, tl.max(s2, 1))
         m_safe = m_ij
-        if MASKED or HAS_BIAS:  # a bias may hold -inf (a boolean mask turned additive)
+        if MASKED or HAS_BIAS or SCORE_MOD is not None:  # a bias or a score_mod may give -inf
             m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
         p = tl.exp2(s2 - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
@@ -94,7 +98,7 @@ def _attn_fwd_inner(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, Out, LSE, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, KvIdx, KvPartial, KvCount, MaskBuf,
+    Q, K, V, Out, LSE, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, KvIdx, KvPartial, KvCount, MaskBuf, ScoreBuf,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -108,7 +112,7 @@ def _fwd_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    MASK_MOD: tl.constexpr,
+    MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr,
 ):
     # A 1-D grid (Q tiles fastest, so the tiles of one head run together and share
     # K/V in L2) has no 65535 limit on batch × heads.
@@ -172,14 +176,16 @@ def _fwd_kernel(
             acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
             Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
             n_partial * 0, n_partial, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-            window_left, window_right, Idx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True,
-            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, True, 1, MASK_MOD)
+            window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True,
+            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, True, 1, MASK_MOD,
+            SCORE_MOD)
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
             Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
             n_partial, n_visited, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-            window_left, window_right, Idx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False,
-            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, True, 1, MASK_MOD)
+            window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False,
+            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, True, 1, MASK_MOD,
+            SCORE_MOD)
     else:
         lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -189,20 +195,23 @@ def _fwd_kernel(
             acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
             Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
             lo, full_lo, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-            window_left, window_right, KvIdx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True,
-            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_N, None)
+            window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True,
+            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_N,
+            None, SCORE_MOD)
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
             Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
             full_lo, full_hi, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-            window_left, window_right, KvIdx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False,
-            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_N, None)
+            window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False,
+            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_N,
+            None, SCORE_MOD)
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
             Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
             full_hi, hi, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-            window_left, window_right, KvIdx, MaskBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True,
-            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_N, None)
+            window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True,
+            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_N,
+            None, SCORE_MOD)
 
     # -- epilogue: normalise; rows that saw no key (l = 0 exactly) give O = 0 and LSE = -inf.
     #    A NaN in l (NaN inputs) is not "no key": it propagates, as in standard attention.

@@ -84,6 +84,14 @@ def _fit_args(bias: torch.Tensor | None, block_mask) -> dict:
                 blocks=(block_mask.block_m, block_mask.block_n) if block_mask is not None else None)
 
 
+def _score_mod_args(score_mod, dummy: torch.Tensor):
+    """(buffer, jitted forward, jitted derivative) of a score_mod, or dummies without one."""
+    if score_mod is None:
+        return dummy, None, None
+    fwd, grad = score_mod.triton_fns()
+    return (score_mod.buffer if score_mod.buffer is not None else dummy), fwd, grad
+
+
 def _launch_args(cfg) -> dict:
     return dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -135,6 +143,7 @@ def attention_forward_triton(
     dropout_seed: torch.Tensor | None = None,
     varlen: Varlen | None = None,
     block_mask=None,
+    score_mod=None,
 ) -> torch.Tensor:
     """Run ``_fwd_kernel``. q/out: (B, Hq, Sq, D), k/v: (B, Hkv, Sk, D).
 
@@ -156,11 +165,12 @@ def attention_forward_triton(
     alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, q)
     bias_ptr, bias_strides = _bias_args(bias, q, seqlen_k)
     mask_ptrs, mask_strides, mask_fn = _block_mask_args(block_mask, False, lse)
+    score_buf, score_fn, _ = _score_mod_args(score_mod, lse)
 
     def launch(cfg):
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
         _fwd_kernel[(num_m_blocks * batch * heads_q,)](
-            q, k, v, out, lse, alibi, bias_ptr, cu_q, cu_k, *mask_ptrs,
+            q, k, v, out, lse, alibi, bias_ptr, cu_q, cu_k, *mask_ptrs, score_buf,
             *_batch_stride(q, varlen), *_batch_stride(k, varlen), *_batch_stride(v, varlen),
             *_batch_stride(out, varlen), stride_ab, stride_ah, *bias_strides, *_lse_strides(lse, varlen),
             *mask_strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
@@ -169,7 +179,8 @@ def attention_forward_triton(
             HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left is not None, HAS_RIGHT=causal_like,
             HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_BIAS=bias is not None,
             HAS_DROPOUT=dropout_p > 0, IS_VARLEN=varlen is not None,
-            DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), MASK_MOD=mask_fn, **_launch_args(cfg),
+            DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), MASK_MOD=mask_fn, SCORE_MOD=score_fn,
+            **_launch_args(cfg),
         )
 
     cfg = forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q, **_fit_args(bias, block_mask))
@@ -202,6 +213,7 @@ def attention_backward_triton(
     bias_requires_grad: bool = False,
     varlen: Varlen | None = None,
     block_mask=None,
+    score_mod=None,
 ) -> torch.Tensor | None:
     """Run the three backward kernels, writing dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D).
 
@@ -232,6 +244,11 @@ def attention_backward_triton(
     seed = dropout_seed if dropout_seed is not None else lse  # a dummy pointer without dropout
     q_lists, q_list_strides, mask_fn = _block_mask_args(block_mask, True, lse)
     kv_lists, kv_list_strides, _ = _block_mask_args(block_mask, False, lse)
+    score_buf, score_fn, score_grad = _score_mod_args(score_mod, lse)
+    if score_mod is not None and score_grad is None:
+        raise ValueError(f"score_mod: {score_mod.name!r} has no derivative for the Triton kernels; wrap it as "
+                         "flashtile.score_mod(fn, grad=...) (grad=1.0 if it only adds to the score), or use the "
+                         "reference backend")
     common = dict(
         HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left is not None, HAS_RIGHT=causal_like,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_BIAS=bias is not None,
@@ -256,23 +273,24 @@ def attention_backward_triton(
     def launch_dkdv(cfg):
         num_n_blocks = triton.cdiv(seqlen_k, cfg.BLOCK_N)
         _bwd_dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
-            q, k, v, dout, lse, delta, dk, dv, alibi, bias_ptr, cu_q, cu_k, *q_lists,
+            q, k, v, dout, lse, delta, dk, dv, alibi, bias_ptr, cu_q, cu_k, *q_lists, score_buf,
             *strides, *_batch_stride(dk, varlen), *_batch_stride(dv, varlen), stride_ab, stride_ah,
             *bias_strides, *lse_strides, *q_list_strides, heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k,
             num_n_blocks,
             softmax_scale, qk_scale, float(softcap), *window, seed, float(dropout_p),
-            MASK_MOD=mask_fn, **common, **_launch_args(cfg),
+            MASK_MOD=mask_fn, SCORE_MOD=score_fn, SCORE_GRAD=score_grad, **common, **_launch_args(cfg),
         )
 
     def launch_dq(cfg):
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
         _bwd_dq_kernel[(num_m_blocks * batch * heads_q,)](
-            q, k, v, dout, lse, delta, dq, alibi, bias_ptr, dbias_full, cu_q, cu_k, *kv_lists,
+            q, k, v, dout, lse, delta, dq, alibi, bias_ptr, dbias_full, cu_q, cu_k, *kv_lists, score_buf,
             *strides, *_batch_stride(dq, varlen), stride_ab, stride_ah,
             *bias_strides, *lse_strides, *kv_list_strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k,
             num_m_blocks,
             softmax_scale, qk_scale, float(softcap), *window, seed, float(dropout_p),
-            HAS_DBIAS=has_dbias, MASK_MOD=mask_fn, **common, **_launch_args(cfg),
+            HAS_DBIAS=has_dbias, MASK_MOD=mask_fn, SCORE_MOD=score_fn, SCORE_GRAD=score_grad, **common,
+            **_launch_args(cfg),
         )
 
     if block_mask is not None:  # tile sizes are the block mask's: nothing to tune

@@ -32,6 +32,7 @@ def naive_attention(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    score_mod=None,
     dropout_p: float = 0.0,
     dropout_mask: torch.Tensor | None = None,
     upcast: bool = True,
@@ -51,6 +52,9 @@ def naive_attention(
             scaling, before ALiBi and bias), as in flash-attn.
         alibi_slopes: (heads_q,) or (batch, heads_q); adds ``-slope * |i + sk - sq - j|``.
         bias: additive bias broadcastable to (batch, heads_q, seqlen_q, seqlen_k).
+        score_mod: ``fn(score, b, h, q_idx, kv_idx) -> score`` (a plain function or a
+            :class:`~flashtile.score_mods.ScoreMod`), applied after softcap and ALiBi and
+            before the bias, on absolute indices; differentiated by autograd.
         dropout_p, dropout_mask: with dropout_p > 0, ``dropout_mask`` is the boolean
             keep-mask broadcastable to (batch, heads_q, seqlen_q, seqlen_k); kept
             probabilities are scaled by 1 / (1 - dropout_p). The LSE is not affected.
@@ -81,6 +85,10 @@ def naive_attention(
         scores = softcap * torch.tanh(scores / softcap)
     if alibi_slopes is not None:
         scores = scores + alibi_bias(alibi_slopes.to(dtype), seqlen_q, seqlen_k)
+    if score_mod is not None:
+        idx = [torch.arange(n, device=q.device).view([-1 if d == i else 1 for d in range(4)])
+               for i, n in enumerate((batch, heads_q, seqlen_q, seqlen_k))]
+        scores = torch.broadcast_to(score_mod(scores, *idx), scores.shape).to(dtype)
     if bias is not None:
         scores = scores + bias.to(dtype)
 

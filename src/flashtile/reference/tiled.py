@@ -7,7 +7,7 @@ Forward (``_fwd``), for each query tile Q_i (BLOCK_M rows)::
 
     m_i = -inf, l_i = 0, acc = 0                # running max, running sum, output
     for each key/value tile K_j, V_j (BLOCK_N rows) inside Q_i's band:
-        S    = Q_i K_jᵀ · scale  (+ softcap, ALiBi, mask)
+        S    = Q_i K_jᵀ · scale  (+ softcap, ALiBi, score_mod, bias, mask)
         m_ij = max(m_i, rowmax(S))
         P    = exp(S - m_ij)
         l_i  = l_i · exp(m_i - m_ij) + rowsum(P)   # rescale the old sum ...
@@ -49,24 +49,36 @@ def _group_heads(t: torch.Tensor, heads_kv: int) -> torch.Tensor:
 
 
 def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap, alibi,
-                bias_tile=None, mask=None):
+                bias_tile=None, mask=None, score_mod=None, need_chain=False):
     """Scores of one tile, with every modifier and the mask applied.
 
     q_tile: (B, Hkv, G, BLOCK_M, D); k_tile: (B, Hkv, 1, BLOCK_N, D); bias_tile
     broadcastable to (B, Hkv, G, BLOCK_M, BLOCK_N).
-    Returns S (B, Hkv, G, BLOCK_M, BLOCK_N) with -inf where masked, and the
-    tanh of the softcap (needed by the backward) or None.
+    Returns S (B, Hkv, G, BLOCK_M, BLOCK_N) with -inf where masked, and the factor
+    that turns dS (with respect to S) into the gradient with respect to Q Kᵀ · scale:
+    the softcap's 1 - tanh² times the score_mod's derivative, or None when it is 1.
     """
     s = torch.matmul(q_tile, k_tile.transpose(-1, -2)) * softmax_scale
-    tanh = None
-    if softcap > 0:
+    chain = None
+    if softcap > 0:  # d(softcap·tanh(x/softcap))/dx = 1 - tanh²
         tanh = torch.tanh(s / softcap)
         s = softcap * tanh
+        chain = 1.0 - tanh * tanh
     # Positions of the tile's rows (bottom-right aligned) and columns.
     rows = torch.arange(start_m, start_m + q_tile.shape[-2], device=s.device)[:, None] + (seqlen_k - seqlen_q)
     cols = torch.arange(start_n, start_n + k_tile.shape[-2], device=s.device)[None, :]
     if alibi is not None:  # alibi: (B or 1, Hkv, G, 1, 1) slopes
         s = s - alibi * (rows - cols).abs().to(s.dtype)
+    batch, heads_kv, group = q_tile.shape[:3]
+    b = torch.arange(batch, device=s.device).view(-1, 1, 1, 1, 1)
+    h = (torch.arange(heads_kv, device=s.device).view(1, -1, 1, 1, 1) * group
+         + torch.arange(group, device=s.device).view(1, 1, -1, 1, 1))
+    if score_mod is not None:  # a user score_mod, on absolute (not bottom-right shifted) indices
+        q_idx = rows - (seqlen_k - seqlen_q)
+        if need_chain:  # the forward has no use for it
+            derivative = score_mod.derivative(s, b, h, q_idx, cols)
+            chain = derivative if chain is None else chain * derivative
+        s = torch.broadcast_to(score_mod(s, b, h, q_idx, cols), s.shape).to(s.dtype)
     if bias_tile is not None:
         s = s + bias_tile.to(s.dtype)
     allowed = torch.ones_like(rows, dtype=torch.bool) & torch.ones_like(cols, dtype=torch.bool)
@@ -75,12 +87,8 @@ def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_sc
     if band.right is not None:
         allowed = allowed & (cols <= rows + band.right)
     if mask is not None:  # a user mask_mod, on absolute (not bottom-right shifted) indices
-        batch, heads_kv, group = q_tile.shape[:3]
-        b = torch.arange(batch, device=s.device).view(-1, 1, 1, 1, 1)
-        h = (torch.arange(heads_kv, device=s.device).view(1, -1, 1, 1, 1) * group
-             + torch.arange(group, device=s.device).view(1, 1, -1, 1, 1))
         allowed = allowed & mask(b, h, rows - (seqlen_k - seqlen_q), cols)
-    return s.masked_fill(~allowed, float("-inf")), tanh
+    return s.masked_fill(~allowed, float("-inf")), chain
 
 
 def _aligned(lo: int, block: int) -> int:
@@ -136,6 +144,7 @@ def tiled_attention_forward(
     dropout_seed: int = 0,
     batch_offset: int = 0,
     mask=None,
+    score_mod=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tiled forward with the online softmax.
 
@@ -146,7 +155,8 @@ def tiled_attention_forward(
     ``dropout_seed`` (reference/philox.py), the same mask the kernels draw;
     ``batch_offset`` is the index of batch entry 0 in a larger packed batch (its
     dropout counters continue from there). ``mask`` is a
-    :class:`~flashtile.mask_mods.MaskMod` evaluated on every visited tile.
+    :class:`~flashtile.mask_mods.MaskMod` evaluated on every visited tile; ``score_mod`` a
+    :class:`~flashtile.score_mods.ScoreMod` applied after softcap and ALiBi, before the bias.
     Returns out (q's dtype) and LSE (B, Hq, Sq), float32 (float64 for float64 input),
     natural log, -inf on rows that see no key.
     """
@@ -173,7 +183,7 @@ def tiled_attention_forward(
             k_tile = k_g[..., start_n:end_n, :].to(acc_dtype)
             v_tile = v_g[..., start_n:end_n, :].to(acc_dtype)
             s, _ = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap,
-                               alibi, _bias_tile(bias_g, start_m, end_m, start_n, end_n), mask)
+                               alibi, _bias_tile(bias_g, start_m, end_m, start_n, end_n), mask, score_mod)
             # -- update m_i and l_i (a row with nothing visible yet keeps m = -inf;
             #    subtracting 0 instead of -inf keeps exp() from producing NaN)
             m_ij = torch.maximum(m_i, s.amax(dim=-1))
@@ -226,6 +236,7 @@ def tiled_attention_backward(
     dropout_seed: int = 0,
     batch_offset: int = 0,
     mask=None,
+    score_mod=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tiled backward recomputing P from the LSE; shapes as in the forward.
 
@@ -233,6 +244,7 @@ def tiled_attention_backward(
     gradient flowing into the LSE itself: since dLSE_i/dS_ij = P_ij it only shifts D.
     dq/dk/dv may be given to write into. With ``bias``, a zero-filled ``dbias`` of the
     bias's shape, if given, receives the bias gradient (dS summed over broadcast dims).
+    ``score_mod``'s derivative comes from torch.func (forward mode), tile by tile.
     Returns dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D) in the inputs' dtype.
     """
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2]
@@ -252,13 +264,14 @@ def tiled_attention_backward(
 
     def tile_grads(start_m, end_m, start_n, end_n):
         """Recompute one tile: P, dS with respect to the scores, and dS with respect to
-        Q Kᵀ · scale (they differ by the softcap's tanh), (B, Hkv, G, BLOCK_M, BLOCK_N)."""
+        Q Kᵀ · scale (they differ by the softcap's and score_mod's derivatives), (B, Hkv, G, BLOCK_M, BLOCK_N)."""
         q_tile = q_g[..., start_m:end_m, :].to(acc_dtype)
         do_tile = do_g[..., start_m:end_m, :].to(acc_dtype)
         k_tile = k_g[..., start_n:end_n, :].to(acc_dtype)
         v_tile = v_g[..., start_n:end_n, :].to(acc_dtype)
-        s, tanh = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap,
-                              alibi, _bias_tile(bias_g, start_m, end_m, start_n, end_n), mask)
+        s, chain = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap,
+                               alibi, _bias_tile(bias_g, start_m, end_m, start_n, end_n), mask, score_mod,
+                               need_chain=True)
         p = _probs_from_lse(s, lse_g[..., start_m:end_m].to(acc_dtype))
         dp = torch.matmul(do_tile, v_tile.transpose(-1, -2))
         p_used = p  # what multiplied V in the forward
@@ -267,9 +280,7 @@ def tiled_attention_backward(
                               start_n, end_n, q.device, batch_offset).to(acc_dtype) / (1.0 - dropout_p)
             dp, p_used = dp * keep, p * keep
         ds_scores = p * (dp - delta_g[..., start_m:end_m, None])
-        ds = ds_scores
-        if tanh is not None:  # d(softcap·tanh(x/softcap))/dx = 1 - tanh²
-            ds = ds * (1.0 - tanh * tanh)
+        ds = ds_scores if chain is None else ds_scores * chain
         return q_tile, do_tile, k_tile, p_used, ds, ds_scores
 
     # -- _bwd_dkdv: one K/V tile at a time, looping over the Q tiles that see it.

@@ -1,0 +1,83 @@
+"""User masks on the GPU: mask_mod against the built-in band, document masks against the
+tiles they visit, and FlexAttention with the same masks in the same run (issue 4's targets).
+
+bf16, batch 1, heads 16, headdim 128, N = --seqlen (default 16384). Rows, fwd / bwd ms:
+
+    built-in causal          flashtile.attention(causal=True)
+    mask_mod causal          the same through a block mask (causal_mask()), built once
+    document mask (k docs)   and_masks(causal, document) with k equal documents; the
+                             visited-tile fraction is printed beside it: cost should follow it
+    flex: ...                torch's flex_attention (compiled) with the same mask_mod
+
+    python benchmarks/masks.py --seqlen 16384 --docs 1 4 16
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from triton.testing import do_bench
+
+import flashtile
+from flashtile.mask_mods import and_masks, causal_mask, document_mask
+
+
+def time_fwd_bwd(fn, q, k, v):
+    out = fn(q, k, v)
+    dout = torch.randn_like(out)
+    fwd = do_bench(lambda: fn(q, k, v), warmup=5, rep=30, return_mode="median")
+    bwd = do_bench(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), warmup=5, rep=30,
+                   return_mode="median") - fwd
+    return fwd, bwd
+
+
+def flex_fn(mask, batch, heads, n):
+    """FlexAttention with the same mask, compiled as its docs ask; None where torch lacks it."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return None
+    flex_mask = create_block_mask(lambda b, h, q_idx, kv_idx: mask(b, h, q_idx, kv_idx), batch, heads, n, n,
+                                  device="cuda")
+    compiled = torch.compile(flex_attention)
+    return lambda q, k, v: compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                    block_mask=flex_mask).transpose(1, 2)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--seqlen", type=int, default=16384)
+    p.add_argument("--docs", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--no-flex", action="store_true")
+    args = p.parse_args()
+    n, heads, d, batch = args.seqlen, 16, 128, 1
+    q, k, v = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    rows = []
+    base = time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, causal=True), q, k, v)
+    rows.append(("built-in causal", 0.5, base, None))
+    causal = causal_mask()
+    block = flashtile.create_block_mask(causal, 1, 1, n, n, device="cuda")
+    rows.append(("mask_mod causal", block.visited_fraction,
+                 time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal, block_mask=block), q, k, v),
+                 None if args.no_flex else flex_fn(causal, batch, heads, n)))
+    for docs in args.docs:
+        ids = torch.arange(n, device="cuda", dtype=torch.int32) // (n // docs)
+        mask = and_masks(causal, document_mask(ids))
+        bm = flashtile.create_block_mask(mask, 1, 1, n, n, device="cuda")
+        rows.append((f"document mask ({docs} docs)", bm.visited_fraction,
+                     time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm), q, k, v),
+                     None if args.no_flex else flex_fn(mask, batch, heads, n)))
+    print(f"N={n}, heads {heads}, headdim {d}, bf16; fwd / bwd ms; 'tiles' = visited fraction of all tiles")
+    print(f"{'':28s} {'tiles':>6} | {'flashtile':>17} | {'vs built-in':>13} | {'flex':>17} | flashtile/flex")
+    for name, tiles, (fwd, bwd), flex in rows:
+        line = f"{name:28s} {tiles:6.3f} | {fwd:7.2f} / {bwd:7.2f} | {fwd / base[0]:5.2f} / {bwd / base[1]:5.2f} |"
+        if flex is not None:
+            ffwd, fbwd = time_fwd_bwd(flex, q, k, v)
+            line += f" {ffwd:7.2f} / {fbwd:7.2f} | {ffwd / fwd:5.2f}x / {fbwd / bwd:5.2f}x faster"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
