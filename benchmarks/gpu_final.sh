@@ -15,7 +15,7 @@ case ${1:-tests} in
     # on the CPU: CI's job, skipped here.
     FLASHTILE_REPORT=$OUT/report.tsv PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-560}" \
       python3 -m pytest -q -p no:cacheprovider -p no:benchmark -p tools.stream_report -n "${WORKERS:-8}" \
-      --timeout=300 --ignore=tests/test_compile_check.py --durations=30 tests/ > "$OUT/tests.log" 2>&1
+      --dist worksteal --timeout=300 --ignore=tests/test_compile_check.py --durations=30 tests/ > "$OUT/tests.log" 2>&1
     cut -f1 "$OUT/report.tsv" | sort | uniq -c
     grep -v "^passed\|^skipped" "$OUT/report.tsv" | head -30
     sort -t$'\t' -k2 -rn "$OUT/report.tsv" | head -8 ;;
@@ -29,9 +29,10 @@ case ${1:-tests} in
     timeout 60 python3 benchmarks/speed_table.py --headdims 64 128 --seqlens 1024 16384 --json "$OUT/speed.json" \
       > "$OUT/speed.log" 2>&1
     timeout 60 python3 benchmarks/decode.py > "$OUT/decode.log" 2>&1
-    timeout 60 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
+    timeout 120 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
+    timeout 120 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
     timeout 60 python3 benchmarks/memory_scaling.py > "$OUT/memory.log" 2>&1
     timeout 90 compute-sanitizer --tool memcheck python3 benchmarks/sanitize.py > "$OUT/sanitize.log" 2>&1
-    tail -22 "$OUT/speed.log"; cat "$OUT/decode.log" "$OUT/variants.log" "$OUT/memory.log"
+    tail -22 "$OUT/speed.log"; cat "$OUT/decode.log" "$OUT/variants.log" "$OUT/masks.log" "$OUT/memory.log"
     grep -E "ERROR SUMMARY|sanitize:" "$OUT/sanitize.log" ;;
 esac
