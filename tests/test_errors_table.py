@@ -36,6 +36,7 @@ END = "<!-- errors-table:end -->"
 SETUP = """\
 import torch
 from flashtile import *
+from flashtile import mask_mods, score_mods
 
 q = torch.randn(2, 8, 4, 16)  # (batch, seqlen_q, heads_q, headdim): float32, on the CPU
 k = torch.randn(2, 8, 2, 16)  # (batch, seqlen_k, heads_kv, headdim): heads_kv = 2
@@ -306,6 +307,30 @@ ROWS = [
         "bias: expected a shape broadcastable to (batch, heads_q, seqlen_q, seqlen_k)"),
     Row("SDPA face", "rank 2", "scaled_dot_product_attention(q[0, 0], q[0, 0], q[0, 0])", ValueError,
         "query: expected at least 3 dims (N, ..., L, E), got 2-d"),
+    # -- Masks and score modifiers -----------------------------------------------------------
+    Row("Masks and score modifiers", "mask_mod together with causal",
+        "attention(q, k, v, causal=True, mask_mod=mask_mods.causal_mask())", ValueError,
+        "mask_mod: give either mask_mod or causal/window_size, not both"),
+    Row("Masks and score modifiers", "block_mask that is not a BlockMask", "attention(q, k, v, block_mask=3)",
+        TypeError, "block_mask: expected a flashtile BlockMask, got int"),
+    Row("Masks and score modifiers", "block_mask built for other lengths",
+        "attention(q, k, v, block_mask=create_block_mask(mask_mods.causal_mask(), 1, 1, 16, 16))", ValueError,
+        "block_mask: built for (batch, heads, seqlen_q, seqlen_k) = (1, 1, 16, 16)"),
+    Row("Masks and score modifiers", "document ids of the wrong dtype",
+        "mask_mods.document_mask(torch.zeros(8, dtype=torch.int64))", TypeError,
+        "document_ids: expected a 1-d int32 tensor"),
+    Row("Masks and score modifiers", "score_mod that is not a function", "attention(q, k, v, score_mod=3)",
+        TypeError, "score_mod: expected a function (score, b, h, q_idx, kv_idx) -> score, got int"),
+    Row("Masks and score modifiers", "score_mod grad that is not its derivative",
+        "score_mod(lambda s, b, h, qi, ki: s * s, grad=1.0)", ValueError,
+        "score_mod grad: does not match the derivative of 'user_score'"),
+    Row("Masks and score modifiers", "score_mod without grad, gradients asked of the kernels",
+        "attention(q.clone().requires_grad_(), k, v, score_mod=lambda s, b, h, qi, ki: s * 2)", ValueError,
+        "score_mod: 'user_score' has no derivative for the Triton kernels", env=TRITON_CPU),
+    Row("Masks and score modifiers", "softcap_score of 0", "score_mods.softcap_score(0)", ValueError,
+        "softcap: expected a number > 0, got 0"),
+    Row("Masks and score modifiers", "alibi_score with 2-d slopes", "score_mods.alibi_score(torch.ones(2, 2))",
+        TypeError, "slopes: expected a 1-d float32 tensor of per-head slopes"),
 ]
 
 
