@@ -125,7 +125,7 @@ def _bwd_dkdv_inner(
             do = tl.load(do_ptrs)
         # -- dV += Pᵀ dO (with dropout: the kept, rescaled Pᵀ that the forward multiplied V by)
         if HAS_DROPOUT:
-            keepT = _dropout_keep(seed, bh, rows[None, :], offs_n[:, None], dropout_p)
+            keepT = tl.trans(_dropout_keep(seed, bh, rows, offs_n, dropout_p))  # drawn (rows, keys), used transposed
             dv = tl.dot((tl.where(keepT, pT, 0.0) * (1.0 / (1.0 - dropout_p))).to(do.dtype), do, dv,
                         input_precision=DOT_PRECISION)
         else:
@@ -315,7 +315,7 @@ def _bwd_dq_inner(
         # -- dS = P ∘ (dP - D), dQ += dS K
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
         if HAS_DROPOUT:
-            keep = _dropout_keep(seed, bh, offs_m[:, None], cols[None, :], dropout_p)
+            keep = _dropout_keep(seed, bh, offs_m, cols, dropout_p)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         if HAS_DBIAS:  # the bias enters after the softcap: its gradient is dS before the tanh factor

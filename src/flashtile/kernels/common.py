@@ -99,16 +99,26 @@ def _query_tiles(n_lo, n_hi, seqlen_q, seqlen_k, window_left, window_right,
 
 @triton.jit
 def _dropout_keep(seed, bh, q_pos, k_pos, dropout_p):
-    """True where dropout keeps P[q_pos, k_pos] of head ``bh`` (= batch·heads_q + head).
+    """Keep-mask of a tile, (len(q_pos), len(k_pos)) booleans, True where dropout keeps
+    P[q_pos, k_pos] of head ``bh`` (= batch·heads_q + head).
 
-    One Philox draw per element with counter (column, row, bh, 0) and the 64-bit seed
-    as key: the mask depends on nothing else (not on tile sizes), so the forward, both
-    backward kernels and the PyTorch reference (reference/philox.py) draw the same one.
+    ``q_pos`` and ``k_pos`` are 1-d; ``k_pos`` is contiguous and starts at a multiple of 4
+    (every tile does). One Philox call per four columns: counter (column // 4, row, bh, 0),
+    key the 64-bit seed, and its four outputs go to columns 4g … 4g + 3 in order. The mask
+    depends on nothing else (not on tile sizes), so the forward, both backward kernels and
+    the PyTorch reference (reference/philox.py) draw the same one; one call per column
+    (using one output of four) cost the forward 4.3× on the H200.
     """
-    zero = (q_pos * 0 + k_pos * 0).to(tl.uint32)
-    r0, _, _, _ = tl.philox(seed, (k_pos + zero).to(tl.uint32), (q_pos + zero).to(tl.uint32),
-                            (bh + zero).to(tl.uint32), zero)
-    return tl.uint_to_uniform_float(r0) >= dropout_p
+    rows: tl.constexpr = q_pos.shape[0]
+    cols: tl.constexpr = k_pos.shape[0]
+    groups = tl.min(tl.reshape(k_pos, [cols // 4, 4]), axis=1) // 4  # (cols / 4,): each quad's counter
+    zero = (q_pos[:, None] * 0 + groups[None, :] * 0).to(tl.uint32)
+    r0, r1, r2, r3 = tl.philox(seed, (groups[None, :] + zero).to(tl.uint32), (q_pos[:, None] + zero).to(tl.uint32),
+                               (bh + zero).to(tl.uint32), zero)
+    # join(join(r0, r2), join(r1, r3)) is (rows, cols / 4, 2, 2) with [..., i, j] = r[2i + j]:
+    # flattened row-major, column 4g + t holds r_t.
+    r = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [rows, cols])
+    return tl.uint_to_uniform_float(r) >= dropout_p
 
 
 @triton.jit

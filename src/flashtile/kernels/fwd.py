@@ -79,7 +79,7 @@ def _attn_fwd_inner(
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:  # the normaliser counts every probability; only P·V drops some
-            p = tl.where(_dropout_keep(seed, bh, offs_m[:, None], cols[None, :], dropout_p), p, 0.0)
+            p = tl.where(_dropout_keep(seed, bh, offs_m, cols, dropout_p), p, 0.0)
         # -- rescale the output so far and add this tile's P·V
         if MASKED:
             v = tl.load(v_ptrs, mask=d_ok[None, :] & (cols[:, None] < seqlen_k), other=0.0)

@@ -2,10 +2,10 @@
 
 Dropout never stores its N×N keep-mask: each (batch·head, row, column) draws its own
 random number from a counter-based generator, so the backward can regenerate the
-mask tile by tile. The counter is ``(column, row, batch·heads_q + head, 0)`` and the
-key is the 64-bit seed, exactly as ``_dropout_keep`` in ``flashtile.kernels.common``
-computes it with ``tl.philox``; this PyTorch version lets the reference backend and
-the oracle use the very same mask.
+mask tile by tile. The counter is ``(column // 4, row, batch·heads_q + head, 0)``, the
+key is the 64-bit seed, and column c takes the call's output c % 4, exactly as
+``_dropout_keep`` in ``flashtile.kernels.common`` computes it with ``tl.philox``; this
+PyTorch version lets the reference backend and the oracle use the very same mask.
 """
 
 from __future__ import annotations
@@ -45,10 +45,15 @@ def uniform_from_uint32(x: torch.Tensor) -> torch.Tensor:
 
 
 def dropout_keep(seed: int, bh: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, dropout_p: float):
-    """Keep-mask for the broadcast of ``bh``, ``rows``, ``cols`` (int tensors): True = kept."""
+    """Keep-mask for the broadcast of ``bh``, ``rows``, ``cols`` (int tensors): True = kept.
+
+    Column c takes output c % 4 of the Philox call with counter (c // 4, row, bh, 0).
+    """
     bh, rows, cols = torch.broadcast_tensors(bh.long(), rows.long(), cols.long())
-    r0, _, _, _ = philox4x32(seed, cols & _MASK32, rows & _MASK32, bh & _MASK32, torch.zeros_like(cols))
-    return uniform_from_uint32(r0) >= dropout_p
+    outs = philox4x32(seed, (cols // 4) & _MASK32, rows & _MASK32, bh & _MASK32, torch.zeros_like(cols))
+    lane = cols % 4
+    r = torch.where(lane == 0, outs[0], torch.where(lane == 1, outs[1], torch.where(lane == 2, outs[2], outs[3])))
+    return uniform_from_uint32(r) >= dropout_p
 
 
 def dropout_keep_mask(seed: int, dropout_p: float, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int,
