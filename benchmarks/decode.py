@@ -2,7 +2,8 @@
 
 bf16, headdim 128, GQA 32:8 and 64:8; batch × cache length over a grid. The copy
 ceiling (a device-to-device copy, bytes read + written) is measured in the same run,
-and SDPA's backends run the same problem (enable_gqa) where they accept it.
+and SDPA's backends and FlexAttention (compiled) run the same problem (enable_gqa) where
+they accept it.
 
     python benchmarks/decode.py --batches 32 128 --cache 8192 32768
 """
@@ -26,6 +27,21 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / (t * 1e-3) / 1e12  # TB/s, read + write
 
 
+_flex = []
+
+
+def flex_decode():
+    """FlexAttention (compiled, GQA) for one query token, or None where torch lacks it."""
+    if not _flex:
+        try:
+            from torch.nn.attention.flex_attention import flex_attention
+            compiled = torch.compile(flex_attention)
+            _flex.append(lambda q, k, v: compiled(q, k, v, enable_gqa=True))
+        except ImportError:
+            _flex.append(None)
+    return _flex[0]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batches", type=int, nargs="+", default=[32, 128])
@@ -34,7 +50,8 @@ def main():
     args = p.parse_args()
     ceiling = copy_bandwidth()
     print(f"copy ceiling: {ceiling:.2f} TB/s (read + write)")
-    print(f"{'B':>4} {'cache':>6} {'Hq:Hkv':>7} | {'flashtile':>9} {'paged':>9} {'% copy':>7} | sdpa flash / eff / cudnn (TB/s)")
+    print(f"{'B':>4} {'cache':>6} {'Hq:Hkv':>7} | {'flashtile':>9} {'paged':>9} {'% copy':>7} "
+          "| sdpa flash / eff / cudnn | flex (TB/s)")
     for heads_q in args.heads:
         for batch in args.batches:
             for cache in args.cache:
@@ -57,17 +74,27 @@ def main():
                 tb_paged = kv_bytes / (t_paged * 1e-3) / 1e12
                 sdpa = []
                 qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+                flex = flex_decode()
+                flex_tb = "n/a"
+                if flex is not None:
+                    try:
+                        flex(qt, kt, vt)
+                        t_flex = do_bench(lambda: flex(qt, kt, vt), warmup=100, rep=50, return_mode="median")
+                        flex_tb = f"{kv_bytes / (t_flex * 1e-3) / 1e12:.2f}"
+                    except Exception as e:  # noqa: BLE001 - a baseline's failure must not end the run
+                        flex_tb = f"error ({type(e).__name__})"
                 for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                                 SDPBackend.CUDNN_ATTENTION):
                     try:
                         with sdpa_kernel(backend):
                             fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)  # noqa: E731
                             fn()
-                            sdpa.append(f"{kv_bytes / (do_bench(fn, warmup=5, rep=30, return_mode='median') * 1e-3) / 1e12:.2f}")
+                            t_sdpa = do_bench(fn, warmup=5, rep=30, return_mode="median")
+                            sdpa.append(f"{kv_bytes / (t_sdpa * 1e-3) / 1e12:.2f}")
                     except RuntimeError:
                         sdpa.append("n/a")
                 print(f"{batch:>4} {cache:>6} {heads_q:>4}:{heads_kv:<2} | {tb:9.2f} {tb_paged:9.2f} "
-                      f"{100 * max(tb, tb_paged) / ceiling:6.1f}% | {' / '.join(sdpa)}", flush=True)
+                      f"{100 * max(tb, tb_paged) / ceiling:6.1f}% | {' / '.join(sdpa)} | {flex_tb}", flush=True)
 
 
 
