@@ -18,8 +18,15 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+# Programs per SM the split aims for. Decoding is a stream of K/V reads: an SM needs
+# several programs in flight to keep enough loads outstanding. On the H200 (132 SMs),
+# grids of ~1024 programs read K/V at the copy ceiling, while 256 programs (batch 32,
+# 8 KV heads, one split) read 55-91% of it (docs/performance.md).
+PROGRAMS_PER_SM = 8
+
+
 def choose_num_splits(batch: int, heads_kv: int, m_blocks: int, max_keys: int, device: torch.device) -> int:
-    """Enough programs to fill the GPU about twice, each keeping at least 256 keys.
+    """Enough programs for PROGRAMS_PER_SM per SM, each split keeping at least 256 keys.
 
     Decided from shapes alone (the cache's capacity, not the device-side lengths), so
     choosing never waits on the GPU.
@@ -28,7 +35,7 @@ def choose_num_splits(batch: int, heads_kv: int, m_blocks: int, max_keys: int, d
         return 1
     sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
     programs = batch * heads_kv * m_blocks
-    return max(1, min(2 * sms // max(programs, 1), triton.cdiv(max_keys, 256), 64))
+    return max(1, min(PROGRAMS_PER_SM * sms // max(programs, 1), triton.cdiv(max_keys, 256), 64))
 
 
 def _key_block(page_size: int | None) -> int:
