@@ -18,8 +18,10 @@ Budgets come from a Hypothesis settings profile named by ``FLASHTILE_HYPOTHESIS_
 
 - ``ci`` (default): derandomized, so every run tests the same examples; 60 problems on
   the reference backend, 12 small ones through the Triton kernels in the interpreter.
-- ``gpu``: random examples, 300 problems through the kernels on the GPU (bf16, fp16),
-  with seqlens up to 600 and head dims up to 256.
+- ``gpu``: random examples, 100 problems through the kernels on the GPU (bf16, fp16),
+  with seqlens up to 600 and head dims up to 256. (300 did not finish within a 430 s
+  run on the H200: most problems bring a new combination of options, so new kernels
+  to compile. ``explore`` has the large budget.)
 - ``explore``: random examples, large budgets on the CPU, for hunting bugs by hand.
 """
 
@@ -52,8 +54,8 @@ settings.register_profile("explore", derandomize=False, database=None, **_COMMON
 # max_examples per test and profile: "reference" (CPU, PyTorch), "interpreter" (CPU,
 # Triton's interpreter: ~0.3-3 s per problem), "gpu" (the kernels on a CUDA GPU).
 BUDGETS = {
-    "ci": {"reference": 60, "interpreter": 12, "gpu": 300},
-    "gpu": {"reference": 60, "interpreter": 12, "gpu": 300},
+    "ci": {"reference": 60, "interpreter": 12, "gpu": 100},
+    "gpu": {"reference": 60, "interpreter": 12, "gpu": 100},
     "explore": {"reference": 2000, "interpreter": 150, "gpu": 3000},
 }
 PROFILE = os.environ.get("FLASHTILE_HYPOTHESIS_PROFILE", "ci")
