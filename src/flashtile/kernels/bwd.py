@@ -218,32 +218,21 @@ def _bwd_dkdv_kernel(
             n_partial = tl.load(QPartial + row)
             n_visited = tl.load(QCount + row)
             Idx = QIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_n * stride_im
-            dk, dv = _bwd_dkdv_inner(
-                dk, dv, k, v, *args, n_partial * 0, n_partial, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale,
-                softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_M, HEAD_DIM,
-                HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-                DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD)
-            dk, dv = _bwd_dkdv_inner(
-                dk, dv, k, v, *args, n_partial, n_visited, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale,
-                softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_M, HEAD_DIM,
-                HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-                DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD)
-        else:  # the band's Q tiles: masked edge, unmasked middle, masked edge
-            dk, dv = _bwd_dkdv_inner(
-                dk, dv, k, v, *args, lo, full_lo, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-                alibi_slope, window_left, window_right, QIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_M, HEAD_DIM,
-                HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-                DOT_PRECISION, False, BLOCK_M, None, SCORE_MOD, SCORE_GRAD)
-            dk, dv = _bwd_dkdv_inner(
-                dk, dv, k, v, *args, full_lo, full_hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-                alibi_slope, window_left, window_right, QIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_M, HEAD_DIM,
-                HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-                DOT_PRECISION, False, BLOCK_M, None, SCORE_MOD, SCORE_GRAD)
-            dk, dv = _bwd_dkdv_inner(
-                dk, dv, k, v, *args, full_hi, hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-                alibi_slope, window_left, window_right, QIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_M, HEAD_DIM,
-                HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-                DOT_PRECISION, False, BLOCK_M, None, SCORE_MOD, SCORE_GRAD)
+            for part in tl.static_range(2):  # unrolled at compile time
+                dk, dv = _bwd_dkdv_inner(
+                    dk, dv, k, v, *args, n_partial * 0 if part == 0 else n_partial,
+                    n_partial if part == 0 else n_visited, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
+                    alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_M, HEAD_DIM,
+                    HEAD_DIM_PADDED, part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+                    DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD)
+        else:  # the band's Q tiles, unrolled at compile time: masked edge, unmasked middle, masked edge
+            for part in tl.static_range(3):
+                dk, dv = _bwd_dkdv_inner(
+                    dk, dv, k, v, *args, lo if part == 0 else (full_lo if part == 1 else full_hi),
+                    full_lo if part == 0 else (full_hi if part == 1 else hi), offs_n, offs_d, seqlen_q, seqlen_k,
+                    qk_scale, softcap, alibi_slope, window_left, window_right, QIdx, MaskBuf, ScoreBuf, batch, head,
+                    BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, part != 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+                    HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_M, None, SCORE_MOD, SCORE_GRAD)
 
     dk *= softmax_scale
     tl.store(DK + batch.to(tl.int64) * stride_dkb + head_kv.to(tl.int64) * stride_dkh + cols * stride_dkn
@@ -402,34 +391,23 @@ def _bwd_dq_kernel(
         n_partial = tl.load(KvPartial + row)
         n_visited = tl.load(KvCount + row)
         Idx = KvIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_m * stride_im
-        dq = _bwd_dq_inner(
-            dq, q, do, lse2, delta, *args, n_partial * 0, n_partial, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale,
-            softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM,
-            HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
-            DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD)
-        dq = _bwd_dq_inner(
-            dq, q, do, lse2, delta, *args, n_partial, n_visited, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale,
-            softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM,
-            HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
-            DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD)
-    else:
+        for part in tl.static_range(2):  # unrolled at compile time
+            dq = _bwd_dq_inner(
+                dq, q, do, lse2, delta, *args, n_partial * 0 if part == 0 else n_partial,
+                n_partial if part == 0 else n_visited, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
+                alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM,
+                HEAD_DIM_PADDED, part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+                HAS_DBIAS, DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD)
+    else:  # the band's K/V tiles, unrolled at compile time: masked edge, unmasked middle, masked edge
         lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT)
-        dq = _bwd_dq_inner(
-            dq, q, do, lse2, delta, *args, lo, full_lo, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-            alibi_slope, window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM,
-            HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
-            DOT_PRECISION, False, BLOCK_N, None, SCORE_MOD, SCORE_GRAD)
-        dq = _bwd_dq_inner(
-            dq, q, do, lse2, delta, *args, full_lo, full_hi, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-            alibi_slope, window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM,
-            HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
-            DOT_PRECISION, False, BLOCK_N, None, SCORE_MOD, SCORE_GRAD)
-        dq = _bwd_dq_inner(
-            dq, q, do, lse2, delta, *args, full_hi, hi, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-            alibi_slope, window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM,
-            HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS,
-            DOT_PRECISION, False, BLOCK_N, None, SCORE_MOD, SCORE_GRAD)
+        for part in tl.static_range(3):
+            dq = _bwd_dq_inner(
+                dq, q, do, lse2, delta, *args, lo if part == 0 else (full_lo if part == 1 else full_hi),
+                full_lo if part == 0 else (full_hi if part == 1 else hi), offs_m, offs_d, seqlen_q, seqlen_k,
+                qk_scale, softcap, alibi_slope, window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head,
+                BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, part != 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+                HAS_BIAS, HAS_DROPOUT, HAS_DBIAS, DOT_PRECISION, False, BLOCK_N, None, SCORE_MOD, SCORE_GRAD)
     dq *= softmax_scale
     tl.store(DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh + rows * stride_dqm
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=mask)

@@ -172,46 +172,31 @@ def _fwd_kernel(
         n_partial = tl.load(KvPartial + row)
         n_visited = tl.load(KvCount + row)
         Idx = KvIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_m * stride_im
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-            Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
-            n_partial * 0, n_partial, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-            window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True,
-            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, True, 1, MASK_MOD,
-            SCORE_MOD)
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-            Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
-            n_partial, n_visited, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-            window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False,
-            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, True, 1, MASK_MOD,
-            SCORE_MOD)
+        for part in tl.static_range(2):  # unrolled at compile time
+            acc, l_i, m_i = _attn_fwd_inner(
+                acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+                Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
+                n_partial * 0 if part == 0 else n_partial, n_partial if part == 0 else n_visited,
+                offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+                window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED,
+                part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, True, 1,
+                MASK_MOD, SCORE_MOD)
     else:
         lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT)
-        # Tiles on the band's left edge, then the unmasked middle, then the right edge
-        # (the causal diagonal) and the ragged end of the keys.
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-            Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
-            lo, full_lo, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-            window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True,
-            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_N,
-            None, SCORE_MOD)
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-            Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
-            full_lo, full_hi, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-            window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False,
-            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_N,
-            None, SCORE_MOD)
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-            Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
-            full_hi, hi, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-            window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True,
-            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_N,
-            None, SCORE_MOD)
+        # Three ranges of K/V tiles, the loop unrolled at compile time: the band's left edge
+        # (masked; empty without a left bound), the unmasked middle, then the right edge (the
+        # causal diagonal) and the ragged end of the keys (masked).
+        for part in tl.static_range(3):
+            acc, l_i, m_i = _attn_fwd_inner(
+                acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+                Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
+                lo if part == 0 else (full_lo if part == 1 else full_hi),
+                full_lo if part == 0 else (full_hi if part == 1 else hi),
+                offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
+                window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED,
+                part != 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False,
+                BLOCK_N, None, SCORE_MOD)
 
     # -- epilogue: normalise; rows that saw no key (l = 0 exactly) give O = 0 and LSE = -inf.
     #    A NaN in l (NaN inputs) is not "no key": it propagates, as in standard attention.
