@@ -131,3 +131,19 @@ def check_against_oracle(
         assert not torch.isnan(ours[i]).any(), f"{prefix}{name}: NaN in flashtile's result"
         assert_close_to_oracle(prefix + name, ours[i], truth[i], base[i], grad=i >= 2)
     return dict(zip(names, ours)) | {"oracle": dict(zip(names, truth))}
+
+
+def assert_grads_match_oracle(out, grads, q, k, v, dout, **oracle_options) -> None:
+    """``out`` and ``grads`` (dq, dk, dv of <out, dout>) against the float64 oracle on the
+    same q, k, v, under the tolerance rule; ``oracle_options`` go to ``naive_attention``."""
+
+    def reference(upcast):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o = naive_attention(*leaves, upcast=upcast, **oracle_options)
+        return o, torch.autograd.grad(o, leaves, dout.to(o.dtype))
+
+    ref_out, ref_grads = reference(True)
+    pt_out, pt_grads = reference(False)
+    assert_close_to_oracle("out", out, ref_out, pt_out)
+    for name, g, r, p in zip(("dq", "dk", "dv"), grads, ref_grads, pt_grads):
+        assert_close_to_oracle(name, g, r, p, grad=True)

@@ -8,7 +8,7 @@ import torch
 import flashtile
 from flashtile.mask_mods import (and_masks, causal_mask, chunked_mask, dense_mask, document_mask, draw, mask_mod,
                                  or_masks, prefix_lm_mask, sliding_window_mask)
-from flashtile.testing import assert_close_to_oracle
+from helpers import assert_grads_match_oracle
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -34,17 +34,7 @@ def check_mask(mask, seqlen_q=37, seqlen_k=37, heads_q=4, heads_kv=2, headdim=16
     visible = dense_mask(mask_mod(mask), batch, heads_q, seqlen_q, seqlen_k, DEVICE)
     assert visible.any(dim=-1).all(), "test masks keep a key in every row (the oracle's -inf bias needs one)"
     bias = torch.zeros(visible.shape, device=DEVICE).masked_fill(~visible, float("-inf"))
-
-    def reference(upcast):
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        o = flashtile.naive_attention(*leaves, bias=bias, upcast=upcast)
-        return o, torch.autograd.grad(o, leaves, dout.to(o.dtype))
-
-    ref_out, ref_grads = reference(True)
-    pt_out, pt_grads = reference(False)
-    assert_close_to_oracle("out", out, ref_out, pt_out)
-    for name, g, r, p in zip(("dq", "dk", "dv"), grads, ref_grads, pt_grads):
-        assert_close_to_oracle(name, g, r, p, grad=True)
+    assert_grads_match_oracle(out, grads, q, k, v, dout, bias=bias)
 
 
 MASKS = {

@@ -9,6 +9,7 @@ import flashtile
 from flashtile.mask_mods import causal_mask
 from flashtile.score_mods import alibi_score, softcap_score
 from flashtile.testing import assert_close_to_oracle
+from helpers import assert_grads_match_oracle
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -55,17 +56,7 @@ def check_score_mod(mod, seqlen_q=19, seqlen_k=23, heads_q=4, heads_kv=2, headdi
     out = flashtile.attention(q, k, v, score_mod=mod, layout=layout, **options)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-
-    def reference(upcast):
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        o = flashtile.naive_attention(*leaves, score_mod=mod, upcast=upcast, layout=layout, **options)
-        return o, torch.autograd.grad(o, leaves, dout.to(o.dtype))
-
-    ref_out, ref_grads = reference(True)
-    pt_out, pt_grads = reference(False)
-    assert_close_to_oracle("out", out, ref_out, pt_out)
-    for name, g, r, p in zip(("dq", "dk", "dv"), grads, ref_grads, pt_grads):
-        assert_close_to_oracle(name, g, r, p, grad=True)
+    assert_grads_match_oracle(out, grads, q, k, v, dout, score_mod=mod, layout=layout, **options)
 
 
 @pytest.mark.parametrize("name", list(MODS))

@@ -18,12 +18,12 @@ Layout (B and H are 1 when the mask does not depend on them)::
 from __future__ import annotations
 
 import functools
-import weakref
 from dataclasses import dataclass
 
 import torch
 
 from .mask_mods import MaskMod, mask_mod as as_mask_mod
+from .op_names import OpNames
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,22 +110,16 @@ def create_block_mask(mask, batch: int = 1, heads: int = 1, seqlen_q: int = 1, s
     return _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, device)
 
 
-# The custom ops take a block mask by name (ops accept tensors, numbers and strings only).
-_registry: "weakref.WeakValueDictionary[str, BlockMask]" = weakref.WeakValueDictionary()
+_names: OpNames[BlockMask] = OpNames("block mask")
 
 
 def register(block_mask: BlockMask) -> str:
-    key = f"blockmask-{id(block_mask)}"
-    _registry[key] = block_mask
-    return key
+    """A name the custom ops can carry (see :mod:`flashtile.op_names`)."""
+    return _names.register(block_mask, "blockmask")
 
 
 def lookup(key: str) -> BlockMask:
-    try:
-        return _registry[key]
-    except KeyError:
-        raise RuntimeError(f"block mask {key!r} is gone: keep the BlockMask alive while its outputs need a backward")\
-            from None
+    return _names.lookup(key)
 
 
 @functools.lru_cache(maxsize=64)

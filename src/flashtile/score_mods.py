@@ -36,9 +36,10 @@ from typing import Callable
 import torch
 
 from .mask_mods import _exec_source
+from .op_names import OpNames
 
-# The custom ops take a score modifier by name (ops accept tensors, numbers and strings only).
-_registry: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# The custom ops take a score modifier by name (see flashtile.op_names).
+_names: OpNames[ScoreMod] = OpNames("score_mod")
 # Plain functions passed as score_mod=fn, wrapped once each.
 _plain: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -205,13 +206,8 @@ def alibi_score(slopes: torch.Tensor) -> ScoreMod:
 
 def register(mod: ScoreMod) -> str:
     """A name the custom ops can carry; the modifier stays registered while it is alive."""
-    key = f"{mod.name}@{id(mod)}"
-    _registry[key] = mod
-    return key
+    return _names.register(mod, mod.name)
 
 
 def lookup(key: str) -> ScoreMod:
-    try:
-        return _registry[key]
-    except KeyError:
-        raise RuntimeError(f"score_mod {key!r} is gone: keep it alive while its outputs need a backward") from None
+    return _names.lookup(key)

@@ -1,0 +1,34 @@
+"""Python objects handed to the custom ops by name.
+
+``torch.library`` custom ops take tensors, numbers and strings only, so a block mask or
+a score modifier crosses into ``flashtile::attention_forward``/``_backward`` as a key
+into a registry. The registry holds objects weakly: an object stays findable while the
+caller (and the autograd graph, through ``setup_context``) keeps it alive.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class OpNames(Generic[T]):
+    """Weak ``key -> object`` registry; ``what`` names the kind of object in errors."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self._objects: weakref.WeakValueDictionary[str, T] = weakref.WeakValueDictionary()
+
+    def register(self, obj: T, name: str) -> str:
+        key = f"{name}@{id(obj)}"
+        self._objects[key] = obj
+        return key
+
+    def lookup(self, key: str) -> T:
+        try:
+            return self._objects[key]
+        except KeyError:
+            raise RuntimeError(f"{self.what} {key!r} is gone: keep the {self.what} alive while its outputs need a "
+                               "backward") from None
