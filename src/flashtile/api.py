@@ -20,7 +20,8 @@ from .mask_mods import mask_mod as as_mask_mod
 from .score_mods import register as register_score_mod
 from .score_mods import score_mod as as_score_mod
 from .masks import normalize_window
-from .validation import check_backend_limits, check_bias, check_options, check_qkv, last_dim_contiguous
+from .validation import (check_backend_limits, check_bias, check_options, check_packed, check_qkv,
+                         last_dim_contiguous)
 
 
 def attention(
@@ -185,14 +186,6 @@ def flash_attn_func(
     return (out, lse, None) if return_attn_probs else out
 
 
-def _check_packed(name: str, t, rank: int, dim: int, count: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != rank or t.shape[dim] != count:
-        expected = "(batch, seqlen, 3, heads, headdim)" if count == 3 else "(batch, seqlen_k, 2, heads_kv, headdim)"
-        raise ValueError(f"{name}: expected shape {expected}, got {tuple(t.shape)}")
-
-
 def flash_attn_qkvpacked_func(
     qkv,
     dropout_p=0.0,
@@ -205,7 +198,7 @@ def flash_attn_qkvpacked_func(
     return_attn_probs=False,
 ):
     """flash-attn 2.x ``flash_attn_qkvpacked_func``: qkv (B, S, 3, H, D); views, no copies."""
-    _check_packed("qkv", qkv, 5, 2, 3)
+    check_packed("qkv", qkv, "(batch, seqlen, 3, heads, headdim)", 2, 3)
     return flash_attn_func(
         qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size, softcap,
         alibi_slopes, deterministic, return_attn_probs,
@@ -225,7 +218,7 @@ def flash_attn_kvpacked_func(
     return_attn_probs=False,
 ):
     """flash-attn 2.x ``flash_attn_kvpacked_func``: q (B, Sq, Hq, D), kv (B, Sk, 2, Hkv, D)."""
-    _check_packed("kv", kv, 5, 2, 2)
+    check_packed("kv", kv, "(batch, seqlen_k, 2, heads_kv, headdim)", 2, 2)
     return flash_attn_func(
         q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
         deterministic, return_attn_probs,

@@ -28,6 +28,15 @@ def check_tensor(name: str, t, rank: int) -> None:
         raise ValueError(f"{name}: expected a non-empty tensor, got {_describe(t)}")
 
 
+def check_packed(name: str, t, shape_words: str, axis: int, count: int) -> None:
+    """A packed tensor of the flash-attn faces, e.g. qkv of ``shape_words`` =
+    "(batch, seqlen, 3, heads, headdim)" with ``count`` = 3 along ``axis`` = 2."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != shape_words.count(",") + 1 or t.shape[axis] != count:
+        raise ValueError(f"{name}: expected shape {shape_words}, got {tuple(t.shape)}")
+
+
 def check_qkv(q, k, v, layout: str) -> tuple[int, int, int, int, int, int]:
     """Check q/k/v as (batch, seqlen, heads, headdim) ('bshd') or (batch, heads, seqlen, headdim) ('bhsd').
 

@@ -16,8 +16,8 @@ import torch
 from . import ops
 from .backends import select_backend
 from .masks import normalize_window
-from .validation import (check_backend_limits, check_int32_tensor, check_on_device, check_options, check_tensor,
-                         last_dim_contiguous)
+from .validation import (check_backend_limits, check_int32_tensor, check_on_device, check_options, check_packed,
+                         check_tensor, last_dim_contiguous)
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, total: int, batch: int | None,
@@ -116,9 +116,7 @@ def flash_attn_varlen_qkvpacked_func(
     return_attn_probs=False,
 ):
     """flash-attn 2.x ``flash_attn_varlen_qkvpacked_func``: qkv (total, 3, heads, headdim)."""
-    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4 or qkv.shape[1] != 3:
-        shape = tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__
-        raise ValueError(f"qkv: expected shape (total, 3, heads, headdim), got {shape}")
+    check_packed("qkv", qkv, "(total, 3, heads, headdim)", 1, 3)
     return flash_attn_varlen_func(
         qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
         causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
@@ -142,9 +140,7 @@ def flash_attn_varlen_kvpacked_func(
     return_attn_probs=False,
 ):
     """flash-attn 2.x ``flash_attn_varlen_kvpacked_func``: kv (total_k, 2, heads_kv, headdim)."""
-    if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or kv.shape[1] != 2:
-        shape = tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__
-        raise ValueError(f"kv: expected shape (total_k, 2, heads_kv, headdim), got {shape}")
+    check_packed("kv", kv, "(total_k, 2, heads_kv, headdim)", 1, 2)
     return flash_attn_varlen_func(
         q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
         causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
