@@ -53,3 +53,16 @@ def test_bias_trims_pipeline_depth(h200):
     assert with_bias.num_stages < plain.num_stages
     # The failing launch's figure, reproduced by the estimate with the bias counted.
     assert _smem_bytes(plain, 128, 2, True, 2, bias_elem=4) == 262144
+
+
+def test_an_override_keeps_the_block_masks_tiles(h200):
+    # The block mask's lists count tiles of its own size: a tuning override must not change
+    # them (it did once, and the kernels read past the lists).
+    from flashtile.kernels.configs import KernelConfig, override
+
+    with override(forward=KernelConfig(16, 16, 1, 1), backward=(KernelConfig(16, 16, 1, 1),) * 2):
+        fwd = configs.forward_config(64, torch.bfloat16, True, h200, blocks=(32, 64))
+        dkdv, dq = configs.backward_configs(64, torch.bfloat16, True, h200, blocks=(32, 64))
+        plain = configs.forward_config(64, torch.bfloat16, True, h200)
+    assert all((c.BLOCK_M, c.BLOCK_N, c.num_warps) == (32, 64, 1) for c in (fwd, dkdv, dq))
+    assert (plain.BLOCK_M, plain.BLOCK_N) == (16, 16)

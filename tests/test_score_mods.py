@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -137,3 +142,69 @@ def test_gpu_score_mod(name, monkeypatch):
     for dtype in (torch.bfloat16, torch.float16):
         check_score_mod(MODS[name](), seqlen_q=700, seqlen_k=1000, heads_q=8, heads_kv=2, headdim=64, dtype=dtype,
                         causal=True)
+
+
+KEY_SCRIPT = """
+import flashtile
+from flashtile.mask_mods import mask_mod
+
+def make_score(c):
+    def add(score, b, h, q_idx, kv_idx):
+        return score + c * (kv_idx - q_idx)
+    return add
+
+def make_mask(w):
+    def near(b, h, q_idx, kv_idx):
+        return q_idx - kv_idx <= w
+    return near
+
+keys = [flashtile.score_mod(make_score(c), grad=1.0).triton_fns()[0].cache_key for c in (0.5, -3.0)]
+keys += [mask_mod(make_mask(w)).triton_fn().cache_key for w in (2, 9)]
+print(" ".join(keys))
+"""
+
+
+def test_closures_with_other_values_get_their_own_kernels(tmp_path):
+    # Triton keys compiled kernels by source text; two modifiers from one factory differ only
+    # in closure values, so without a token of their own the second would reuse the first's
+    # kernel (its constants compiled in). The keys are Triton's own, outside the interpreter.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(flashtile.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    script = tmp_path / "keys.py"  # a file: triton.jit reads the functions' source
+    script.write_text(KEY_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    score_a, score_b, mask_a, mask_b = done.stdout.split()
+    assert score_a != score_b and mask_a != mask_b
+
+
+def test_a_plain_function_is_wrapped_once():
+    assert flashtile.score_mod(quadratic) is flashtile.score_mod(quadratic)
+
+    class Scale:  # a callable without a __dict__ slot for the cache: wrapped on each call, still works
+        __slots__ = ()
+
+        def __call__(self, score, b, h, q_idx, kv_idx):
+            return score * 0.5
+
+    assert isinstance(flashtile.score_mod(Scale()), flashtile.ScoreMod)
+
+
+def test_grad_with_a_score_mod_is_refused():
+    with pytest.raises(ValueError, match=r"^grad: 'softcap_2_0' is already a ScoreMod"):
+        flashtile.score_mod(softcap_score(2.0), grad=1.0)
+
+
+def test_alibi_score_needs_one_slope_per_query_head():
+    q, k, v = (torch.randn(1, 5, 4, 16, device=DEVICE) for _ in range(3))
+    with pytest.raises(ValueError, match=r"^score_mod: 'alibi' holds 3 per-head values, expected one per query "
+                                         r"head \(4\)"):
+        flashtile.attention(q, k, v, score_mod=alibi_score(torch.rand(3, device=DEVICE)))
+
+
+def test_bias_gradient_also_needs_the_derivative(monkeypatch):
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    q, k, v = (torch.randn(1, 5, 1, 16, device=DEVICE) for _ in range(3))
+    bias = torch.zeros(1, 1, 5, 5, device=DEVICE, requires_grad=True)
+    with pytest.raises(ValueError, match=r"^score_mod: 'quadratic' has no derivative for the Triton kernels"):
+        flashtile.attention(q, k, v, bias=bias, score_mod=quadratic)

@@ -108,7 +108,8 @@ def attention(
             seed = torch.tensor([dropout_seed], device=q.device, dtype=torch.int64)
     backend = select_backend(q.device, q.dtype)
     check_backend_limits(backend, q.dtype, headdim)
-    score_mod, score_key = _register_score_mod(score_mod, backend, q, k, v)  # a strong reference until the op ran
+    # (score_mod is kept as a ScoreMod: a strong reference until the op has run)
+    score_mod, score_key = _register_score_mod(score_mod, backend, heads_q, q, k, v, bias)
     band = normalize_window(causal, window_size)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention_forward(
@@ -119,17 +120,21 @@ def attention(
     return (out, lse) if return_lse else out
 
 
-def _register_score_mod(score_mod, backend: str, q, k, v):
+def _register_score_mod(score_mod, backend: str, heads_q: int, q, k, v, bias):
     """Check a score_mod; returns it as a ScoreMod and its name for the ops (None, None without one)."""
     if score_mod is None:
         return None, None
     mod = as_score_mod(score_mod)
     if mod.buffer is not None and mod.buffer.device != q.device:
         raise ValueError(f"score_mod: its tensor is on {mod.buffer.device}, q on {q.device}")
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if mod.per_head_buffer and mod.buffer.numel() != heads_q:
+        raise ValueError(f"score_mod: {mod.name!r} holds {mod.buffer.numel()} per-head values, expected one per "
+                         f"query head ({heads_q})")
+    # The backward computes every gradient at once: a bias that wants one needs the derivative too.
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
     if backend == "triton" and needs_grad and not mod.has_kernel_grad:
-        raise ValueError(f"score_mod: {mod.name!r} has no derivative for the Triton kernels and q, k or v requires "
-                         "grad; wrap it as flashtile.score_mod(fn, grad=...) (grad=1.0 if it only adds to the "
+        raise ValueError(f"score_mod: {mod.name!r} has no derivative for the Triton kernels and q, k, v or the bias "
+                         "requires grad; wrap it as flashtile.score_mod(fn, grad=...) (grad=1.0 if it only adds to the "
                          "score), or run without gradients")
     return mod, register_score_mod(mod)
 

@@ -84,7 +84,10 @@ def _jit_mask(mask: MaskMod):
         fn = types.FunctionType(fn.__code__, {**fn.__globals__, "tl": tl}, fn.__name__, fn.__defaults__,
                                 fn.__closure__)
         inner = triton.jit(fn)
-        src = f"def {mask.name}(b, h, q_idx, kv_idx, buffer):\n    return _user(b, h, q_idx, kv_idx)\n"
+        # A token unique to this wrapping: Triton keys kernels by source text, not by the
+        # closure or global values a user's function reads (see score_mods._jit_user).
+        src = (f"def {mask.name}(b, h, q_idx, kv_idx, buffer):\n    # flashtile mask_mod #{next(_counter)}\n"
+               f"    return _user(b, h, q_idx, kv_idx)\n")
         return triton.jit(_exec_source(mask.name, src, {"_user": inner, "tl": tl}))
     namespace = {"tl": tl}
     for i, part in enumerate(mask.parts):

@@ -28,8 +28,9 @@ Ready modifiers: :func:`softcap_score` and :func:`alibi_score` (the built-in
 
 from __future__ import annotations
 
+import itertools
 import types
-import weakref
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -40,8 +41,9 @@ from .op_names import OpNames
 
 # The custom ops take a score modifier by name (see flashtile.op_names).
 _names: OpNames[ScoreMod] = OpNames("score_mod")
-# Plain functions passed as score_mod=fn, wrapped once each.
-_plain: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_wrappings = itertools.count()  # see _jit_user
+# A plain function passed as score_mod=fn is wrapped once: the ScoreMod is kept on it.
+_CACHE_ATTR = "_flashtile_score_mod"
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,6 +62,7 @@ class ScoreMod:
     user_fn: Callable | None = None
     user_grad: Callable | None = None
     buffer: torch.Tensor | None = None
+    per_head_buffer: bool = False  # buffer[h]: one value per query head
     _jit: list = field(default_factory=list, repr=False)
 
     def __call__(self, score, b, h, q_idx, kv_idx):
@@ -96,7 +99,12 @@ def _jit_user(fn: Callable, name: str):
 
     namespace = {**fn.__globals__, "tl": tl, "torch": torch_twins}
     fn = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
-    src = f"def {name}(score, b, h, q_idx, kv_idx, buffer):\n    return _user(score, b, h, q_idx, kv_idx)\n"
+    # Triton keys its compiled kernels by source text, not by closure or global values: two
+    # modifiers from one factory (``make(0.5)``, ``make(-3.0)``) would share one kernel. A
+    # token unique to this wrapping makes each its own key (it is compiled with its values).
+    src = (f"def {name}(score, b, h, q_idx, kv_idx, buffer):\n"
+           f"    # flashtile score_mod #{next(_wrappings)}\n"
+           f"    return _user(score, b, h, q_idx, kv_idx)\n")
     return triton.jit(_exec_source(name, src, {"_user": triton.jit(fn), "tl": tl}))
 
 
@@ -146,9 +154,12 @@ def score_mod(fn: Callable, grad: Callable | float | None = None) -> ScoreMod:
     the Triton kernels; checked against torch.func on a small probe.
     """
     if isinstance(fn, ScoreMod):
+        if grad is not None:
+            raise ValueError(f"grad: {fn.name!r} is already a ScoreMod; pass grad= with the plain function")
         return fn
-    if grad is None and fn in _plain:  # one ScoreMod (one compiled kernel) per plain function
-        return _plain[fn]
+    cached = getattr(fn, _CACHE_ATTR, None)
+    if grad is None and cached is not None:  # one ScoreMod (one compiled kernel) per plain function
+        return cached
     if not callable(fn):
         raise TypeError(f"score_mod: expected a function (score, b, h, q_idx, kv_idx) -> score, "
                         f"got {type(fn).__name__}")
@@ -165,7 +176,10 @@ def score_mod(fn: Callable, grad: Callable | float | None = None) -> ScoreMod:
     if grad is not None:
         _check_grad(mod)
     else:
-        _plain[fn] = mod
+        try:  # kept on the function itself: it goes when the function goes
+            setattr(fn, _CACHE_ATTR, mod)
+        except (AttributeError, TypeError):
+            pass  # a callable that takes no attributes is wrapped anew on each call
     return mod
 
 
@@ -199,9 +213,10 @@ def alibi_score(slopes: torch.Tensor) -> ScoreMod:
     """
     if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or slopes.dtype != torch.float32:
         raise TypeError("slopes: expected a 1-d float32 tensor of per-head slopes")
-    return _generated("alibi", "score - buffer[h] * (q_idx - kv_idx).abs()",
-                      "score - tl.load(buffer + h) * tl.abs(q_idx - kv_idx).to(tl.float32)",
-                      "score * 0.0 + 1.0", buffer=slopes)
+    mod = _generated("alibi", "score - buffer[h] * (q_idx - kv_idx).abs()",
+                     "score - tl.load(buffer + h) * tl.abs(q_idx - kv_idx).to(tl.float32)",
+                     "score * 0.0 + 1.0", buffer=slopes)
+    return dataclasses.replace(mod, per_head_buffer=True)
 
 
 def register(mod: ScoreMod) -> str:

@@ -80,8 +80,8 @@ def forward_config(head_dim: int, dtype: torch.dtype, causal: bool, device: torc
     ``bias_elem``: bytes per element of the additive bias (0 without one); ``blocks``:
     (BLOCK_M, BLOCK_N) imposed by a block mask. Both count in the shared-memory fit.
     """
-    if _override["forward"] is not None:
-        return _override["forward"]
+    if _override["forward"] is not None:  # a block mask's tile sizes still rule: its lists index them
+        return _with_blocks(_override["forward"], blocks)
     if interpreting() or device.type != "cuda":
         return _with_blocks(INTERPRETER_CONFIG, blocks)
     (major, _), smem = device_limits(device.index if device.index is not None else torch.cuda.current_device())
@@ -110,7 +110,8 @@ def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool, device: to
     """Configs of ``_bwd_dkdv_kernel`` and ``_bwd_dq_kernel`` (they stream different tiles);
     ``bias_elem`` and ``blocks`` as in :func:`forward_config`."""
     if _override["backward"] is not None:
-        return _override["backward"]
+        dkdv, dq = _override["backward"]
+        return _with_blocks(dkdv, blocks), _with_blocks(dq, blocks)
     if interpreting() or device.type != "cuda":
         return _with_blocks(INTERPRETER_CONFIG, blocks), _with_blocks(INTERPRETER_CONFIG, blocks)
     (major, _), smem = device_limits(device.index if device.index is not None else torch.cuda.current_device())

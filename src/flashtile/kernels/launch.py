@@ -45,12 +45,16 @@ def _alibi_args(alibi_slopes: torch.Tensor | None, q: torch.Tensor):
     return alibi_slopes, alibi_slopes.stride(0), alibi_slopes.stride(1)
 
 
-def _maybe_autotune(kind, table_cfg, q, head_dim_padded, causal, seqlen, launch):
-    """The table's config, or with FLASHTILE_AUTOTUNE=1 the fastest measured one (cached on disk)."""
+def _maybe_autotune(kind, table_cfg, q, head_dim_padded, causal, seqlen, launch, bias=None, score_mod=None):
+    """The table's config, or with FLASHTILE_AUTOTUNE=1 the fastest measured one (cached on disk).
+
+    The key holds what changes the best config: a bias (its tile takes shared memory in
+    every stage) and a score_mod (more arithmetic per score) get choices of their own."""
     if not autotune.enabled() or q.device.type != "cuda":
         return table_cfg
+    extras = (f"-bias{bias.element_size()}" if bias is not None else "") + ("-scoremod" if score_mod else "")
     key = (f"{kind}-d{head_dim_padded}-{str(q.dtype).removeprefix('torch.')}-{'causal' if causal else 'full'}"
-           f"-n{autotune.seqlen_bucket(seqlen)}")
+           f"-n{autotune.seqlen_bucket(seqlen)}{extras}")
     return autotune.tuner_for(q.device).choose(key, autotune.candidates(kind, table_cfg), launch)
 
 
@@ -187,7 +191,7 @@ def attention_forward_triton(
     if block_mask is not None:
         launch(cfg)  # tile sizes are the block mask's: nothing to tune
     else:
-        launch(_maybe_autotune("fwd", cfg, q, head_dim_padded, causal_like, seqlen_q, launch))
+        launch(_maybe_autotune("fwd", cfg, q, head_dim_padded, causal_like, seqlen_q, launch, bias, score_mod))
     return lse
 
 
@@ -297,8 +301,10 @@ def attention_backward_triton(
         launch_dkdv(cfg_dkdv)
         launch_dq(cfg_dq)
     else:
-        launch_dkdv(_maybe_autotune("dkdv", cfg_dkdv, q, head_dim_padded, causal_like, seqlen_k, launch_dkdv))
-        launch_dq(_maybe_autotune("dq", cfg_dq, q, head_dim_padded, causal_like, seqlen_q, launch_dq))
+        launch_dkdv(_maybe_autotune("dkdv", cfg_dkdv, q, head_dim_padded, causal_like, seqlen_k, launch_dkdv, bias,
+                                    score_mod))
+        launch_dq(_maybe_autotune("dq", cfg_dq, q, head_dim_padded, causal_like, seqlen_q, launch_dq, bias,
+                                  score_mod))
     if has_dbias:
         return dbias_full.sum_to_size(bias.shape)
     return None
