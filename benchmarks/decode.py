@@ -6,6 +6,7 @@ and SDPA's backends and FlexAttention (compiled) run the same problem (enable_gq
 they accept it.
 
     python benchmarks/decode.py --batches 32 128 --cache 8192 32768
+    python benchmarks/decode.py --device cpu --batches 2 --cache 512 --heads 16 --no-flex   # smoke test
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ import argparse
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from triton.testing import do_bench
+from timing import median_ms
 
 import flashtile
 
 
-def copy_bandwidth() -> float:
-    src = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
+def copy_bandwidth(device) -> float:
+    src = torch.empty(2 * 1024**3 if torch.device(device).type == "cuda" else 2**24, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    t = do_bench(lambda: dst.copy_(src), warmup=10, rep=50, return_mode="median")
+    t = median_ms(lambda: dst.copy_(src), device)
     return 2 * src.numel() / (t * 1e-3) / 1e12  # TB/s, read + write
 
 
@@ -47,8 +48,10 @@ def main():
     p.add_argument("--batches", type=int, nargs="+", default=[32, 128])
     p.add_argument("--cache", type=int, nargs="+", default=[8192, 32768])
     p.add_argument("--heads", type=int, nargs="+", default=[32, 64])
+    p.add_argument("--no-flex", action="store_true")
+    p.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (meaningless numbers)")
     args = p.parse_args()
-    ceiling = copy_bandwidth()
+    ceiling = copy_bandwidth(args.device)
     print(f"copy ceiling: {ceiling:.2f} TB/s (read + write)")
     print(f"{'B':>4} {'cache':>6} {'Hq:Hkv':>7} | {'flashtile':>9} {'paged':>9} {'% copy':>7} "
           "| sdpa flash / eff / cudnn | flex (TB/s)")
@@ -56,30 +59,30 @@ def main():
         for batch in args.batches:
             for cache in args.cache:
                 heads_kv, d = 8, 128
-                q = torch.randn(batch, 1, heads_q, d, device="cuda", dtype=torch.bfloat16)
-                k = torch.randn(batch, cache, heads_kv, d, device="cuda", dtype=torch.bfloat16)
+                q = torch.randn(batch, 1, heads_q, d, device=args.device, dtype=torch.bfloat16)
+                k = torch.randn(batch, cache, heads_kv, d, device=args.device, dtype=torch.bfloat16)
                 v = torch.randn_like(k)
-                lens = torch.full((batch,), cache, dtype=torch.int32, device="cuda")
+                lens = torch.full((batch,), cache, dtype=torch.int32, device=args.device)
                 kv_bytes = 2 * k.numel() * k.element_size()
                 # A long warm-up: the first row of an earlier run read low (clocks, caches).
-                t = do_bench(lambda: flashtile.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens), warmup=100,
-                             rep=50, return_mode="median")
+                t = median_ms(lambda: flashtile.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens), args.device,
+                              warmup=100, rep=50)
                 page = 256
                 k_paged, v_paged = k.view(-1, page, heads_kv, d), v.view(-1, page, heads_kv, d)
-                table = torch.arange(batch * cache // page, dtype=torch.int32, device="cuda").view(batch, -1)
-                t_paged = do_bench(lambda: flashtile.flash_attn_with_kvcache(q, k_paged, v_paged, cache_seqlens=lens,
-                                                                            block_table=table),
-                                   warmup=100, rep=50, return_mode="median")
+                table = torch.arange(batch * cache // page, dtype=torch.int32, device=args.device).view(batch, -1)
+                t_paged = median_ms(lambda: flashtile.flash_attn_with_kvcache(q, k_paged, v_paged, cache_seqlens=lens,
+                                                                             block_table=table),
+                                    args.device, warmup=100, rep=50)
                 tb = kv_bytes / (t * 1e-3) / 1e12
                 tb_paged = kv_bytes / (t_paged * 1e-3) / 1e12
                 sdpa = []
                 qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-                flex = flex_decode()
+                flex = None if args.no_flex else flex_decode()
                 flex_tb = "n/a"
                 if flex is not None:
                     try:
                         flex(qt, kt, vt)
-                        t_flex = do_bench(lambda: flex(qt, kt, vt), warmup=100, rep=50, return_mode="median")
+                        t_flex = median_ms(lambda: flex(qt, kt, vt), args.device, warmup=100, rep=50)
                         flex_tb = f"{kv_bytes / (t_flex * 1e-3) / 1e12:.2f}"
                     except Exception as e:  # noqa: BLE001 - a baseline's failure must not end the run
                         flex_tb = f"error ({type(e).__name__})"
@@ -89,7 +92,7 @@ def main():
                         with sdpa_kernel(backend):
                             fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)  # noqa: E731
                             fn()
-                            t_sdpa = do_bench(fn, warmup=5, rep=30, return_mode="median")
+                            t_sdpa = median_ms(fn, args.device, warmup=5, rep=30)
                             sdpa.append(f"{kv_bytes / (t_sdpa * 1e-3) / 1e12:.2f}")
                     except RuntimeError:
                         sdpa.append("n/a")

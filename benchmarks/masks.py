@@ -10,6 +10,7 @@ bf16, batch 1, heads 16, headdim 128, N = --seqlen (default 16384). Rows, fwd / 
     flex: ...                torch's flex_attention (compiled) with the same mask_mod
 
     python benchmarks/masks.py --seqlen 16384 --docs 1 4 16
+    python benchmarks/masks.py --device cpu --seqlen 256 --docs 2 --no-flex   # smoke test
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from triton.testing import do_bench
+from timing import median_ms
 
 import flashtile
 from flashtile.mask_mods import and_masks, causal_mask, document_mask
@@ -26,19 +27,18 @@ from flashtile.mask_mods import and_masks, causal_mask, document_mask
 def time_fwd_bwd(fn, q, k, v):
     out = fn(q, k, v)
     dout = torch.randn_like(out)
-    fwd = do_bench(lambda: fn(q, k, v), warmup=5, rep=30, return_mode="median")
-    bwd = do_bench(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), warmup=5, rep=30,
-                   return_mode="median") - fwd
+    fwd = median_ms(lambda: fn(q, k, v), q.device, warmup=5, rep=30)
+    bwd = median_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), q.device, warmup=5, rep=30) - fwd
     return fwd, bwd
 
 
-def flex_fn(mask, batch, heads, n):
+def flex_fn(mask, batch, heads, n, device):
     """FlexAttention with the same mask, compiled as its docs ask; None where torch lacks it."""
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         flex_mask = create_block_mask(lambda b, h, q_idx, kv_idx: mask(b, h, q_idx, kv_idx), batch, heads, n, n,
-                                      device="cuda")
+                                      device=device)
     except Exception as e:  # noqa: BLE001 - a baseline's failure must not end the run
         print(f"flex: unavailable for {mask.name} ({type(e).__name__}: {str(e)[:80]})")
         return None
@@ -52,29 +52,31 @@ def main():
     p.add_argument("--seqlen", type=int, default=16384)
     p.add_argument("--docs", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--no-flex", action="store_true")
+    p.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (meaningless times)")
     args = p.parse_args()
-    n, heads, d, batch = args.seqlen, 16, 128, 1
-    q, k, v = (torch.randn(batch, n, heads, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    n, heads, d, batch, device = args.seqlen, 16, 128, 1, args.device
+    q, k, v = (torch.randn(batch, n, heads, d, device=device, dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     rows = []
     base = time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, causal=True), q, k, v)
-    rows.append(("built-in causal", 0.5, base, None))
+    rows.append(("built-in causal", None, base, None))  # no block mask: its tiles are the config's
     causal = causal_mask()
-    block = flashtile.create_block_mask(causal, 1, 1, n, n, device="cuda")
+    block = flashtile.create_block_mask(causal, 1, 1, n, n, device=device)
     rows.append(("mask_mod causal", block.visited_fraction,
                  time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal, block_mask=block), q, k, v),
-                 None if args.no_flex else flex_fn(causal, batch, heads, n)))
+                 None if args.no_flex else flex_fn(causal, batch, heads, n, device)))
     for docs in args.docs:
-        ids = torch.arange(n, device="cuda", dtype=torch.int32) // (n // docs)
+        ids = torch.arange(n, device=device, dtype=torch.int32) // (n // docs)
         mask = and_masks(causal, document_mask(ids))
-        bm = flashtile.create_block_mask(mask, 1, 1, n, n, device="cuda")
+        bm = flashtile.create_block_mask(mask, 1, 1, n, n, device=device)
         rows.append((f"document mask ({docs} docs)", bm.visited_fraction,
                      time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm), q, k, v),
-                     None if args.no_flex else flex_fn(mask, batch, heads, n)))
+                     None if args.no_flex else flex_fn(mask, batch, heads, n, device)))
     print(f"N={n}, heads {heads}, headdim {d}, bf16; fwd / bwd ms; 'tiles' = visited fraction of all tiles")
     print(f"{'':28s} {'tiles':>6} | {'flashtile':>17} | {'vs built-in':>13} | {'flex':>17} | flashtile/flex")
     for name, tiles, (fwd, bwd), flex in rows:
-        line = f"{name:28s} {tiles:6.3f} | {fwd:7.2f} / {bwd:7.2f} | {fwd / base[0]:5.2f} / {bwd / base[1]:5.2f} |"
+        shown = "-" if tiles is None else f"{tiles:.3f}"
+        line = f"{name:28s} {shown:>6} | {fwd:7.2f} / {bwd:7.2f} | {fwd / base[0]:5.2f} / {bwd / base[1]:5.2f} |"
         if flex is not None:
             try:
                 ffwd, fbwd = time_fwd_bwd(flex, q, k, v)

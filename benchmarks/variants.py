@@ -2,6 +2,7 @@
 dropout and bias overheads. bf16, batch 1, heads 16, headdim 128.
 
     python benchmarks/variants.py --seqlen 32768 --window 1024
+    python benchmarks/variants.py --device cpu --seqlen 256 --window 32 --varlen 2 64   # smoke test
 """
 
 from __future__ import annotations
@@ -9,23 +10,21 @@ from __future__ import annotations
 import argparse
 
 import torch
-from triton.testing import do_bench
+from timing import median_ms
 
 import flashtile
 
 
 def time_fwd_bwd(**options):
-    q, k, v = (torch.randn(1, ARGS.seqlen, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = (torch.randn(1, ARGS.seqlen, 16, 128, device=ARGS.device, dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     bias = options.pop("bias", None)
     if bias == "full-row":  # a (seqlen_k,) key bias, broadcast over batch, heads and queries
-        bias = torch.randn(ARGS.seqlen, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(ARGS.seqlen, device=ARGS.device, dtype=torch.bfloat16)
     out = flashtile.attention(q, k, v, bias=bias, **options)
     dout = torch.randn_like(out)
-    fwd = do_bench(lambda: flashtile.attention(q, k, v, bias=bias, **options), warmup=10, rep=50,
-                   return_mode="median")
-    bwd = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=10, rep=50,
-                   return_mode="median")
+    fwd = median_ms(lambda: flashtile.attention(q, k, v, bias=bias, **options), ARGS.device)
+    bwd = median_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), ARGS.device)
     return fwd, bwd
 
 
@@ -46,9 +45,9 @@ def main():
 
 def varlen_vs_dense(num_seqs=8, seqlen=2048):
     """Packed sequences of equal length against the dense batch with the same tokens."""
-    q, k, v = (torch.randn(num_seqs, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = (torch.randn(num_seqs, seqlen, 16, 128, device=ARGS.device, dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
-    cu = torch.arange(0, (num_seqs + 1) * seqlen, seqlen, dtype=torch.int32, device="cuda")
+    cu = torch.arange(0, (num_seqs + 1) * seqlen, seqlen, dtype=torch.int32, device=ARGS.device)
     qp, kp, vp = (t.detach().flatten(0, 1).requires_grad_() for t in (q, k, v))
     results = {}
     for name, fn, leaves in (
@@ -58,9 +57,8 @@ def varlen_vs_dense(num_seqs=8, seqlen=2048):
     ):
         out = fn()
         dout = torch.randn_like(out)
-        results[name] = (do_bench(fn, warmup=10, rep=50, return_mode="median"),
-                         do_bench(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True), warmup=10, rep=50,
-                                  return_mode="median"))
+        results[name] = (median_ms(fn, ARGS.device),
+                         median_ms(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True), ARGS.device))
     (df, db), (vf, vb) = results["dense"], results["varlen"]
     print(f"varlen vs dense ({num_seqs} x {seqlen}, causal): fwd {vf:.3f} vs {df:.3f} ms ({vf / df:.2f}x), "
           f"bwd {vb:.3f} vs {db:.3f} ms ({vb / db:.2f}x)", flush=True)
@@ -70,6 +68,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqlen", type=int, default=32768)
     parser.add_argument("--window", type=int, default=1024)
+    parser.add_argument("--varlen", type=int, nargs=2, default=[8, 2048], metavar=("SEQS", "SEQLEN"),
+                        help="the varlen-vs-dense row: number of sequences and their length")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (meaningless times)")
     ARGS = parser.parse_args()
+    # The varlen row first: it is short, and the dropout row may meet a caller's time limit.
+    varlen_vs_dense(*ARGS.varlen)
     main()
-    varlen_vs_dense()

@@ -1,0 +1,34 @@
+"""The GPU benchmark scripts, run on the CPU at tiny sizes: every code path runs before GPU time
+is spent on them (the numbers printed here mean nothing)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+SMOKE_RUNS = {
+    "decode": (["decode.py", "--device", "cpu", "--batches", "2", "--cache", "512", "--heads", "16", "--no-flex"],
+               ["copy ceiling:", "   2    512   16:8"]),
+    "masks": (["masks.py", "--device", "cpu", "--seqlen", "256", "--docs", "2", "--no-flex"],
+              ["built-in causal", "mask_mod causal", "document mask (2 docs)"]),
+    "variants": (["variants.py", "--device", "cpu", "--seqlen", "256", "--window", "32", "--varlen", "2", "64"],
+                 ["varlen vs dense (2 x 64, causal)", "dense causal", "sliding window 32 (causal)",
+                  "causal + dropout 0.1", "causal + key bias"]),
+}
+
+
+@pytest.mark.parametrize("name", list(SMOKE_RUNS))
+def test_benchmark_script_runs_on_the_cpu(name):
+    args, expected_lines = SMOKE_RUNS[name]
+    done = subprocess.run([sys.executable, *args], cwd=BENCHMARKS, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "FLASHTILE_BACKEND": "reference"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    for line in expected_lines:
+        assert line in done.stdout, f"{name}: {line!r} missing from\n{done.stdout}"
+
