@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import re
 import sys
 import time
 
@@ -35,9 +36,22 @@ POINTER_TYPES = {  # pointer arguments by name; the rest of the tensors are bf16
 TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias"}
 
 
+# The strides of Q, K, V, O and their gradients (b, h, m/n): a launch on contiguous tensors
+# with a head dim that is a multiple of 16 sees them all divisible by 16, and the last-dim
+# strides (…d) equal to 1, and Triton specialises on both. Without that, loads cannot be
+# vectorised or made asynchronous: no pipelining, and register and spill counts that a real
+# launch never has.
+ROW_STRIDES = re.compile(r"^stride_(q|k|v|o|do|dk|dv|dq)[bhmn]$")
+LAST_DIM_STRIDES = re.compile(r"^stride_(q|k|v|o|do|dk|dv|dq)d$")
+
+
 def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
+    """A cubin for sm_90, specialised as a launch on contiguous tensors would be (see ROW_STRIDES)."""
     params = list(inspect.signature(kernel.fn).parameters)
     constexprs = {k: v for k, v in constexprs.items() if k in params}  # SCORE_GRAD: backward kernels only
+    constexprs.update({p: 1 for p in params if LAST_DIM_STRIDES.match(p)})
+    aligned_rows = constexprs.get("HEAD_DIM", 16) % 16 == 0
+    divisible = [p for p in params if p in POINTER_TYPES or p in TENSORS or (aligned_rows and ROW_STRIDES.match(p))]
     signature = {}
     for p in params:
         if p in constexprs:
@@ -50,8 +64,8 @@ def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
             signature[p] = "fp32"
         else:
             signature[p] = "i32"
-    src = ASTSource(fn=kernel, signature=signature,
-                    constexprs={(params.index(k),): v for k, v in constexprs.items()})
+    src = ASTSource(fn=kernel, signature=signature, constexprs={(params.index(k),): v for k, v in constexprs.items()},
+                    attrs={(params.index(p),): [["tt.divisibility", 16]] for p in divisible})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
                                                                                num_stages=num_stages))
 
@@ -91,9 +105,28 @@ def variants(quick: bool):
                     HAS_LEFTPAD=True, DOT_PRECISION="ieee"), 4, 3)
 
 
+def resource_usage(compiled) -> str:
+    """Registers per thread and stack (spill) bytes of a compiled kernel, from the cubin
+    (cuobjdump ships with Triton's NVIDIA backend), e.g. "regs=255 stack=1688"."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        report = subprocess.run([cuobjdump, "-res-usage", cubin.name], capture_output=True, text=True).stdout
+    regs, stack = re.search(r"REG:(\d+)", report), re.search(r"STACK:(\d+)", report)
+    return f"regs={regs.group(1) if regs else '?'} stack={stack.group(1) if stack else '?'}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--resources", action="store_true",
+                        help="also print registers and stack (spill) bytes per variant")
     args = parser.parse_args(argv)
     failures = 0
     for name, kernel, constexprs, warps, stages in variants(args.quick):
@@ -105,8 +138,9 @@ def main(argv=None) -> int:
             print(f"FAIL {name}: {type(err).__name__}: {str(err).splitlines()[-1][:200]}", flush=True)
             continue
         ptx = compiled.asm["ptx"]
+        extra = f"  {resource_usage(compiled)}" if args.resources else ""
         print(f"ok   {name:28s} {time.perf_counter() - start:5.1f} s  wgmma={'wgmma' in ptx}  "
-              f"smem={compiled.metadata.shared // 1024} KiB", flush=True)
+              f"smem={compiled.metadata.shared // 1024} KiB{extra}", flush=True)
     print(f"{failures} failed" if failures else "all kernels compile for sm_90")
     return 1 if failures else 0
 
