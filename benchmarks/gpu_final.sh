@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of a whole tree, in two device calls that each fit the 10-minute limit:
 #   bash benchmarks/gpu_final.sh tests   # every test file on the GPU (gpu-marked ones included)
-#   bash benchmarks/gpu_final.sh bench   # speed, decode bandwidth, variants, memory, sanitizer
+#   bash benchmarks/gpu_final.sh bench   # speed, decode bandwidth, variants, masks, memory, sanitizer
+#   bash benchmarks/gpu_final.sh extra   # old-vs-new speed (OLD_SRC), ring attention (2 GPUs), IO model
 # Logs under $OUT; a short summary is printed last.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -35,4 +36,18 @@ case ${1:-tests} in
     timeout 90 compute-sanitizer --tool memcheck python3 benchmarks/sanitize.py > "$OUT/sanitize.log" 2>&1
     tail -22 "$OUT/speed.log"; cat "$OUT/decode.log" "$OUT/variants.log" "$OUT/masks.log" "$OUT/memory.log"
     grep -E "ERROR SUMMARY|sanitize:" "$OUT/sanitize.log" ;;
+  extra)
+    # Needs 2 GPUs (kind nvidia-h200-x2) for the ring. OLD_SRC (optional): a src/ tree of an
+    # older commit, carried (git archive REV src | tar -x -C .old), timed beside this one.
+    if [[ -n "${OLD_SRC:-}" ]]; then
+      PYTHONPATH=$OLD_SRC timeout 60 python3 benchmarks/speed_table.py --headdims 128 --seqlens 1024 4096 \
+        --impls flashtile sdpa-flash > "$OUT/speed-old.log" 2>&1
+      timeout 60 python3 benchmarks/speed_table.py --headdims 128 --seqlens 1024 4096 --impls flashtile sdpa-flash \
+        > "$OUT/speed-new.log" 2>&1
+    fi
+    timeout 180 torchrun --standalone --nproc_per_node=2 benchmarks/ring_attention.py --out "$OUT/ring.json" \
+      > "$OUT/ring.log" 2>&1
+    timeout 240 python3 benchmarks/io_measure.py table --headdims 128 --seqlens 1024 4096 16384 > "$OUT/io.log" 2>&1
+    for f in speed-old speed-new; do [[ -f "$OUT/$f.log" ]] && { echo "== $f"; tail -6 "$OUT/$f.log"; }; done
+    tail -12 "$OUT/ring.log"; cat "$OUT/io.log" ;;
 esac
