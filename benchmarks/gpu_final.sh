@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of a whole tree, in two device calls that each fit the 10-minute limit:
+# The GPU check of a whole tree, in three device calls that each fit the 10-minute limit:
 #   bash benchmarks/gpu_final.sh tests   # every test file on the GPU (gpu-marked ones included)
 #   bash benchmarks/gpu_final.sh bench   # speed, decode bandwidth, variants, masks, memory, sanitizer
 #   bash benchmarks/gpu_final.sh extra   # old-vs-new speed (OLD_SRC), ring attention (2 GPUs), IO model
