@@ -9,6 +9,7 @@ without TRITON_INTERPRET, so a kernel that would not compile on a GPU fails here
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,3 +27,14 @@ def test_every_kernel_compiles_for_sm90():
                             capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "all kernels compile for sm_90" in result.stdout
+
+
+def test_config_resources_reports_registers_and_spills():
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "config_resources.py"), "--kernel", "dq",
+                             "--headdim", "64", "--blocks", "64", "--warps", "4", "--stages", "2"],
+                            capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"64 x 64\s+w4 s2\s+regs=\d+ stack=\d+\s+smem=\d+ KiB", result.stdout), result.stdout
