@@ -21,7 +21,7 @@ from flashtile.bench.harness import MODES
 
 GPU_ONLY = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex", "flash-attn")
 TINY = ["bench", "--quick", "--device", "cpu", "--seqlens", "64", "--causal", "no", "--scenario", "dense"]
-ROW_KEYS = {"scenario", "window", "dtype", "mode", "headdim", "causal", "seqlen", "batch", "heads", "provider",
+ROW_KEYS = {"scenario", "window", "documents", "dtype", "mode", "headdim", "causal", "seqlen", "batch", "heads", "provider",
             "status", "ms", "tflops", "first_call_ms", "flops", "reason"}
 
 
@@ -64,12 +64,13 @@ def test_quick_runs_on_the_cpu_and_writes_the_json(bench):
         assert set(row) == ROW_KEYS
         assert (row["status"] == "ok") == (row["ms"] is not None), row
         assert row["status"] == "ok" or row["reason"], row
-    for name in ("flashtile", "naive"):  # every cell of both scenarios
+    for name in ("flashtile", "naive"):  # every cell of every scenario
         rows = _rows(doc, provider=name)
         assert len(rows) == cells and all(r["status"] == "ok" and r["tflops"] > 0 for r in rows)
     for name in ("sdpa", "sdpa-math"):  # dense only
         assert all(r["status"] == "ok" for r in _rows(doc, provider=name, scenario="dense"))
-        assert all(r["status"] == "unsupported" for r in _rows(doc, provider=name, scenario="sliding-window"))
+        for scenario in ("sliding-window", "document"):
+            assert all(r["status"] == "unsupported" for r in _rows(doc, provider=name, scenario=scenario))
     for name in GPU_ONLY:
         rows = _rows(doc, provider=name)
         assert len(rows) == cells and all(r["status"] == "unsupported" and "GPU" in r["reason"] for r in rows)
@@ -91,6 +92,17 @@ def test_flops_follow_the_convention_on_a_hand_case():
     dense = SCENARIOS["dense"]()
     case = Case(dense, torch.bfloat16, headdim=16, causal=True, seqlen=8, batch=2, heads=3)
     assert dense.flops(case, "bwd") == 30720
+
+
+def test_documents_count_the_pairs_they_compute():
+    docs = SCENARIOS["document"](documents=2)
+    causal = Case(docs, torch.float32, headdim=1, causal=True, seqlen=5, batch=1, heads=1)
+    full = Case(docs, torch.float32, headdim=1, causal=False, seqlen=5, batch=1, heads=1)
+    assert docs.document_ids(5, "cpu").tolist() == [0, 0, 0, 1, 1]
+    assert docs.pairs(full) == 3 * 3 + 2 * 2
+    assert docs.pairs(causal) == (3 * 3 + 2 * 2) / 2  # the field's causal convention, per document
+    with pytest.raises(ValueError, match="documents must be >= 1"):
+        SCENARIOS["document"](documents=0)
 
 
 def test_a_sliding_window_counts_the_pairs_it_computes():
@@ -205,12 +217,16 @@ def test_the_benchmarks_script_is_the_same_command():
 
 
 def _agree(device: str, dtype: torch.dtype, names, bound: float):
-    for scenario in (SCENARIOS["dense"](), SCENARIOS["sliding-window"](window=9)):
+    for scenario in (SCENARIOS["dense"](), SCENARIOS["sliding-window"](window=9), SCENARIOS["document"](documents=3)):
         for causal in (False, True):
             case = Case(scenario, dtype, headdim=64, causal=causal, seqlen=80, batch=2, heads=3)
             q, k, v = scenario.inputs(case, torch.device(device))
             band = scenario.window_size(causal)
-            truth = naive_attention(*(t.double() for t in (q, k, v)), causal=causal, window_size=band,
+            bias = None
+            if scenario.documents is not None:  # the truth's own document mask, built here
+                ids = torch.arange(80, device=device) * 3 // 80
+                bias = torch.where(ids[:, None] == ids[None, :], 0.0, float("-inf")).double()
+            truth = naive_attention(*(t.double() for t in (q, k, v)), causal=causal, window_size=band, bias=bias,
                                     upcast=True, layout="bhsd")
             for name in names:
                 provider = PROVIDERS[name]

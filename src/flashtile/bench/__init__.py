@@ -3,7 +3,7 @@
     harness    the grid (the field's convention), timing, the run loop, first-call cost
     providers  one adapter per implementation (flashtile, SDPA backends, FlexAttention,
                naive attention, flash-attn)
-    scenarios  what each case computes (dense, sliding-window; later masks, varlen, decode)
+    scenarios  what each case computes (dense, sliding-window, document; later varlen, decode)
     report     console tables, JSON, PNG plots
     cli        the command's flags; ``main`` also backs ``benchmarks/run_bench.py``
 

@@ -25,15 +25,17 @@ from .scenarios import SCENARIOS
 FULL = {
     "headdims": [64, 128, 256], "seqlens": [512, 1024, 2048, 4096, 8192, 16384], "causal": "both",
     "modes": ["fwd", "bwd"], "dtypes": ["bf16"], "scenarios": ["dense"], "tokens": 16384, "hidden": 2048,
-    "window": 1024,
+    "window": 1024, "documents": 8,
 }
 # --quick: a smoke test. On the CPU a few seconds of tiny problems through every path
-# (both scenarios, every mode); on a GPU two real sizes of the grid.
+# (every scenario, every mode); on a GPU two real sizes of the grid.
 QUICK = {
     "cpu": {"headdims": [64], "seqlens": [128, 256], "causal": "both", "modes": list(MODES), "dtypes": ["bf16"],
-            "scenarios": ["dense", "sliding-window"], "tokens": 1024, "hidden": 256, "window": 64},
+            "scenarios": ["dense", "sliding-window", "document"], "tokens": 1024, "hidden": 256, "window": 64,
+            "documents": 3},
     "cuda": {"headdims": [128], "seqlens": [1024, 4096], "causal": "both", "modes": ["fwd", "bwd"],
-             "dtypes": ["bf16"], "scenarios": ["dense"], "tokens": 16384, "hidden": 2048, "window": 1024},
+             "dtypes": ["bf16"], "scenarios": ["dense"], "tokens": 16384, "hidden": 2048, "window": 1024,
+             "documents": 8},
 }
 CAUSAL = {"yes": (True,), "no": (False,), "both": (False, True)}
 
@@ -64,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--scenario", nargs="+", dest="scenarios", metavar="NAME",
                    help=f"of {', '.join(SCENARIOS)}; default: dense")
     g.add_argument("--window", type=int, help="keys on each side for sliding-window (default: 1024)")
+    g.add_argument("--documents", type=int, help="packed documents per sequence for document (default: 8)")
     g.add_argument("--tokens", type=_size, help="batch × seqlen (default: 16k; batch is at least 1)")
     g.add_argument("--hidden", type=_size, help="heads × headdim (default: 2048)")
     o = parser.add_argument_group("output")
@@ -103,7 +106,8 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[
                      "or choose --seqlens (and --tokens, --hidden) yourself")
     window = defaults["window"] if args.window is None else args.window
     try:
-        scenarios = [SCENARIOS[name](window=window)
+        documents = defaults["documents"] if args.documents is None else args.documents
+        scenarios = [SCENARIOS[name](window=window, documents=documents)
                      for name in _listed(args.scenarios, defaults["scenarios"], _choice(SCENARIOS), "scenario", parser)]
     except ValueError as err:
         parser.error(str(err))

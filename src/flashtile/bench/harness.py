@@ -145,7 +145,8 @@ class Measurement:
     def to_json(self) -> dict:
         c = self.case
         return {
-            "scenario": c.scenario.name, "window": c.scenario.window, "dtype": DTYPE_NAMES[c.dtype],
+            "scenario": c.scenario.name, "window": c.scenario.window, "documents": c.scenario.documents,
+            "dtype": DTYPE_NAMES[c.dtype],
             "mode": self.mode, "headdim": c.headdim, "causal": c.causal, "seqlen": c.seqlen,
             "batch": c.batch, "heads": c.heads, "provider": self.provider, "status": self.status,
             "ms": self.ms, "tflops": self.tflops, "first_call_ms": self.first_call_ms,

@@ -89,6 +89,14 @@ def _require_dense(case: Case, who: str) -> None:
 def _flashtile(case: Case, q, k, v) -> Forward:
     from .. import attention
 
+    if case.scenario.documents is not None:
+        from ..block_mask import create_block_mask
+        from ..mask_mods import and_masks, causal_mask, document_mask
+
+        mask = document_mask(case.scenario.document_ids(case.seqlen, q.device))
+        mask = and_masks(causal_mask(), mask) if case.causal else mask
+        block_mask = create_block_mask(mask, 1, 1, case.seqlen, case.seqlen, device=q.device)  # built once
+        return lambda: attention(q, k, v, mask_mod=mask, block_mask=block_mask, layout="bhsd")
     window = case.scenario.window_size(case.causal)
     return lambda: attention(q, k, v, causal=case.causal, window_size=window, layout="bhsd")
 
@@ -97,7 +105,18 @@ def _naive(case: Case, q, k, v) -> Forward:
     from ..reference import naive_attention
 
     window = case.scenario.window_size(case.causal)
-    return lambda: naive_attention(q, k, v, causal=case.causal, window_size=window, upcast=False, layout="bhsd")
+    bias = document_bias(case, q.device, q.dtype)
+    return lambda: naive_attention(q, k, v, causal=case.causal, window_size=window, bias=bias, upcast=False,
+                                   layout="bhsd")
+
+
+def document_bias(case: Case, device, dtype) -> torch.Tensor | None:
+    """The document scenario as an additive (seqlen, seqlen) mask: 0 within a document, -inf across."""
+    if case.scenario.documents is None:
+        return None
+    ids = case.scenario.document_ids(case.seqlen, device)
+    return torch.zeros(case.seqlen, case.seqlen, device=device, dtype=dtype).masked_fill(
+        ids[:, None] != ids[None, :], float("-inf"))
 
 
 def _sdpa(backend_name: str | None, who: str) -> Callable[..., Forward]:
@@ -143,7 +162,18 @@ def _flex(case: Case, q, k, v) -> Forward:
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
     left, right = case.scenario.band(case.causal)
     block_mask = None
-    if left is not None or right is not None:
+    if case.scenario.documents is not None:
+        ids = case.scenario.document_ids(case.seqlen, q.device)
+
+        def in_document(b, h, q_idx, kv_idx):
+            return ids[q_idx] == ids[kv_idx]
+
+        def in_causal_document(b, h, q_idx, kv_idx):
+            return (ids[q_idx] == ids[kv_idx]) & (q_idx >= kv_idx)
+
+        block_mask = create_block_mask(in_causal_document if case.causal else in_document, B=None, H=None,
+                                       Q_LEN=case.seqlen, KV_LEN=case.seqlen, device=q.device)
+    elif left is not None or right is not None:
 
         def in_band(b, h, q_idx, kv_idx):
             offset = q_idx - kv_idx  # > 0: the key is left of the query
@@ -162,6 +192,8 @@ def _flex(case: Case, q, k, v) -> Forward:
 def _flash_attn(case: Case, q, k, v) -> Forward:
     from flash_attn import flash_attn_func
 
+    if case.scenario.documents is not None:
+        raise Unsupported("flash-attn expresses documents as a varlen batch, not wired into this scenario")
     window = case.scenario.window_size(case.causal)
     q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))  # (B, S, H, D), contiguous
     return lambda: flash_attn_func(q_, k_, v_, causal=case.causal, window_size=window)

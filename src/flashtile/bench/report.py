@@ -81,7 +81,7 @@ def collect_meta(device: torch.device, grid: Grid, timer: Timer, flashtile_backe
 
 def grid_json(grid: Grid) -> dict:
     return {
-        "scenarios": [{"name": s.name, "window": s.window} for s in grid.scenarios],
+        "scenarios": [{"name": s.name, "window": s.window, "documents": s.documents} for s in grid.scenarios],
         "dtypes": [DTYPE_NAMES[d] for d in grid.dtypes], "headdims": list(grid.headdims),
         "causal": list(grid.causal), "seqlens": list(grid.seqlens), "modes": list(grid.modes),
         "tokens": grid.tokens, "hidden": grid.hidden,

@@ -1,13 +1,14 @@
 """What is benchmarked: a scenario turns one case of the grid into a problem.
 
-A scenario says which (query, key) pairs attend (a causal / sliding-window band),
-makes the inputs and counts the FLOPs. Providers ask it for what they need: the
+A scenario says which (query, key) pairs attend (a causal / sliding-window band, or
+packed documents), makes the inputs and counts the FLOPs. Providers ask it for what they need: the
 flash-attn ``window_size`` (flashtile, naive attention, flash-attn) or a FlexAttention
 ``mask_mod``; a provider that cannot express a scenario raises ``Unsupported`` and the
-harness records a skip. Later scenarios (masks, varlen, decode) register here with
-their own ``inputs`` and ``pairs`` and the providers that understand them.
+harness records a skip. Later scenarios (varlen, decode) register here with their own
+``inputs`` and ``pairs`` and the providers that understand them.
 
     SCENARIOS["sliding-window"](window=1024) -> Scenario
+    SCENARIOS["document"](documents=8) -> Scenario
 """
 
 from __future__ import annotations
@@ -31,16 +32,23 @@ class Scenario:
 
     window: keys on each side of the query within reach; None = dense. Causal keeps
         only the left side, as flash-attn's ``window_size=(window, 0)``.
+    documents: the sequence packs this many documents of (near) equal length, each
+        attending only within itself (a block-sparse document mask); None = one.
     """
 
     name: str
     description: str
     window: int | None = None
+    documents: int | None = None
 
     @property
     def dense(self) -> bool:
         """Full or plain causal attention: what SDPA's ``is_causal`` can express."""
-        return self.window is None
+        return self.window is None and self.documents is None
+
+    def document_ids(self, seqlen: int, device) -> torch.Tensor:
+        """(seqlen,) int32, the document of each position; sizes differ by at most one."""
+        return (torch.arange(seqlen, device=device) * self.documents // seqlen).to(torch.int32)
 
     def window_size(self, causal: bool) -> tuple[int, int]:
         """flash-attn's (left, right), -1 = unbounded; ``causal`` is passed beside it."""
@@ -73,6 +81,9 @@ class Scenario:
         counted). A window: the exact number of pairs inside the band.
         """
         n = case.seqlen
+        if self.documents is not None:  # each document is a dense (or causal) problem of its own
+            sizes = torch.bincount(self.document_ids(n, "cpu").long()).double()
+            return float((sizes * sizes).sum()) / (2 if case.causal else 1)
         if self.dense:
             return n * n / (2 if case.causal else 1)
         left, right = self.band(case.causal)
@@ -96,8 +107,16 @@ def sliding_window(*, window: int = 1024, **_options) -> Scenario:
     return Scenario("sliding-window", f"window of {window} keys (left only when causal)", window=window)
 
 
-# name -> factory(**options); options the CLI knows today: window.
+def document(*, documents: int = 8, **_options) -> Scenario:
+    if documents < 1:
+        raise ValueError(f"document: documents must be >= 1, got {documents}")
+    return Scenario("document", f"{documents} packed documents, attention within each (block-sparse mask)",
+                    documents=documents)
+
+
+# name -> factory(**options); options the CLI knows today: window, documents.
 SCENARIOS: dict[str, Callable[..., Scenario]] = {
     "dense": dense,
     "sliding-window": sliding_window,
+    "document": document,
 }
