@@ -21,8 +21,8 @@ from flashtile.bench.harness import MODES
 
 GPU_ONLY = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex", "flash-attn")
 TINY = ["bench", "--quick", "--device", "cpu", "--seqlens", "64", "--causal", "no", "--scenario", "dense"]
-ROW_KEYS = {"scenario", "window", "documents", "dtype", "mode", "headdim", "causal", "seqlen", "batch", "heads", "provider",
-            "status", "ms", "tflops", "first_call_ms", "flops", "reason"}
+ROW_KEYS = {"scenario", "window", "documents", "dtype", "mode", "headdim", "causal", "seqlen", "batch", "heads",
+            "provider", "status", "ms", "tflops", "first_call_ms", "flops", "reason"}
 
 
 @pytest.fixture
