@@ -29,10 +29,10 @@ case ${1:-tests} in
   bench)
     timeout 60 python3 benchmarks/speed_table.py --headdims 64 128 --seqlens 1024 16384 --json "$OUT/speed.json" \
       > "$OUT/speed.log" 2>&1
-    timeout 60 python3 benchmarks/decode.py > "$OUT/decode.log" 2>&1
-    timeout 150 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
+    timeout 100 python3 benchmarks/decode.py > "$OUT/decode.log" 2>&1
+    timeout 120 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
     timeout 120 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
-    timeout 60 python3 benchmarks/memory_scaling.py > "$OUT/memory.log" 2>&1
+    timeout 50 python3 benchmarks/memory_scaling.py > "$OUT/memory.log" 2>&1
     timeout 90 compute-sanitizer --tool memcheck python3 benchmarks/sanitize.py > "$OUT/sanitize.log" 2>&1
     tail -22 "$OUT/speed.log"; cat "$OUT/decode.log" "$OUT/variants.log" "$OUT/masks.log" "$OUT/memory.log"
     grep -E "ERROR SUMMARY|sanitize:" "$OUT/sanitize.log" ;;

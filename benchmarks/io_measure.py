@@ -39,18 +39,21 @@ def run_pass(impl: str, direction: str, seqlen: int, headdim: int) -> None:
     fn = flashtile.attention if impl == "flashtile" else (
         lambda q, k, v: flashtile.naive_attention(q, k, v, upcast=False))
     dout = torch.randn_like(q)
-    for _ in range(2):  # warm-up: compilation and the allocator, outside the range
-        out = fn(q, k, v)
-        torch.autograd.grad(out, (q, k, v), dout)
-    out = fn(q, k, v) if direction == "bwd" else None  # the measured backward's forward: outside the range
-    torch.cuda.synchronize()
-    torch.cuda.nvtx.range_push("measure")
-    if direction == "fwd":
-        fn(q, k, v)
-    else:
-        torch.autograd.grad(out, (q, k, v), dout)
-    torch.cuda.synchronize()
-    torch.cuda.nvtx.range_pop()
+    # An NVTX push/pop range belongs to one thread, and autograd runs a CUDA backward on its
+    # own worker thread: keep the backward on this one, or ncu sees none of its kernels.
+    with torch.autograd.set_multithreading_enabled(False):
+        for _ in range(2):  # warm-up: compilation and the allocator, outside the range
+            out = fn(q, k, v)
+            torch.autograd.grad(out, (q, k, v), dout)
+        out = fn(q, k, v) if direction == "bwd" else None  # the measured backward's forward: outside the range
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push("measure")
+        if direction == "fwd":
+            fn(q, k, v)
+        else:
+            torch.autograd.grad(out, (q, k, v), dout)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
 
 
 def parse_ncu_csv(text: str) -> tuple[float, float, int]:
@@ -59,10 +62,13 @@ def parse_ncu_csv(text: str) -> tuple[float, float, int]:
     read = written = 0.0
     kernels = set()
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
-        name, unit, value = row.get("Metric Name"), row.get("Metric Unit", "byte"), row.get("Metric Value")
-        if name not in ("dram__bytes_read.sum", "dram__bytes_write.sum") or value in (None, ""):
+        name, unit, value = row.get("Metric Name"), (row.get("Metric Unit") or "byte"), row.get("Metric Value")
+        if name not in ("dram__bytes_read.sum", "dram__bytes_write.sum"):
             continue
-        amount = float(value.replace(",", "")) * UNITS[unit.strip().lower()]
+        try:  # "n/a" where a counter could not be read: that kernel does not count
+            amount = float((value or "").replace(",", "")) * UNITS[unit.strip().lower()]
+        except (ValueError, KeyError):
+            continue
         kernels.add(row.get("ID"))
         if name == "dram__bytes_read.sum":
             read += amount
@@ -101,9 +107,9 @@ def table(seqlens, headdims) -> int:
         for seqlen in seqlens:
             for impl in ("flashtile", "standard"):
                 for direction in ("fwd", "bwd"):
-                    cmd = [ncu, "--csv", "--clock-control", "none", "--metrics", METRICS, "--nvtx",
-                           "--nvtx-include", "measure/", sys.executable, __file__, "run", impl, direction,
-                           str(seqlen), str(headdim)]
+                    cmd = [ncu, "--csv", "--print-units", "base", "--clock-control", "none", "--metrics", METRICS,
+                           "--nvtx", "--nvtx-include", "measure/",
+                           sys.executable, __file__, "run", impl, direction, str(seqlen), str(headdim)]
                     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
                     read, written, kernels = parse_ncu_csv(done.stdout)
                     model = model_bytes(impl, direction, seqlen, headdim)

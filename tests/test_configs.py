@@ -42,8 +42,10 @@ def test_configs_fit_shared_memory(h200, head_dim, dtype, bias_dtype, blocks):
             assert all((c.BLOCK_M, c.BLOCK_N) == blocks for c in (fwd, dkdv, dq))
         for cfg, streams_keys, resident in ((fwd, True, 1), (dkdv, False, 2), (dq, True, 2)):
             need = _smem_bytes(cfg, head_dim, elem, streams_keys, resident, bias_elem)
-            # A single stage is the floor: trimming cannot go further (the tiles themselves must fit).
-            assert need <= H200_SMEM or cfg.num_stages == 1, (cfg, need)
+            if blocks is None:  # the table's own tiles always fit
+                assert need <= H200_SMEM, (cfg, need)
+            else:  # a block mask imposes its tiles: trimming stages is all the fit can do
+                assert need <= H200_SMEM or cfg.num_stages == 1, (cfg, need)
 
 
 def test_bias_trims_pipeline_depth(h200):
@@ -66,3 +68,18 @@ def test_an_override_keeps_the_block_masks_tiles(h200):
         plain = configs.forward_config(64, torch.bfloat16, True, h200)
     assert all((c.BLOCK_M, c.BLOCK_N, c.num_warps) == (32, 64, 1) for c in (fwd, dkdv, dq))
     assert (plain.BLOCK_M, plain.BLOCK_N) == (16, 16)
+
+
+def test_block_mask_tiles_that_do_not_fit_get_a_clear_error():
+    pytest.importorskip("triton")
+    from triton.runtime.errors import OutOfResources
+
+    from flashtile.kernels.launch import _block_mask_tiles_must_fit
+
+    class Mask:  # what the message needs of a BlockMask
+        block_m = block_n = 128
+
+    with pytest.raises(ValueError, match=r"^block_mask: its 128×128 tiles do not fit in this GPU's shared memory at "
+                                         r"headdim 256, torch.float32 .*block_m=64, block_n=64"):
+        with _block_mask_tiles_must_fit(Mask(), 256, torch.float32):
+            raise OutOfResources(294912, 232448, "shared memory")

@@ -44,11 +44,11 @@ def mask_far_keys(score, b, h, q_idx, kv_idx):
     return torch.where(q_idx - kv_idx > 6, float("-inf"), score)
 
 
-MODS = {
-    "relative": lambda: flashtile.score_mod(relative_position, grad=1.0),
-    "quadratic": lambda: flashtile.score_mod(quadratic, grad=quadratic_grad),
-    "softcap": lambda: softcap_score(2.5),
-    "alibi": lambda: alibi_score(torch.rand(4, device=DEVICE) * 0.5),
+MODS = {  # name -> factory(heads_q)
+    "relative": lambda heads: flashtile.score_mod(relative_position, grad=1.0),
+    "quadratic": lambda heads: flashtile.score_mod(quadratic, grad=quadratic_grad),
+    "softcap": lambda heads: softcap_score(2.5),
+    "alibi": lambda heads: alibi_score(torch.rand(heads, device=DEVICE) * 0.5),
 }
 
 
@@ -66,12 +66,12 @@ def check_score_mod(mod, seqlen_q=19, seqlen_k=23, heads_q=4, heads_kv=2, headdi
 
 @pytest.mark.parametrize("name", list(MODS))
 def test_score_mod_matches_oracle(backend, name):
-    check_score_mod(MODS[name](), causal=True)
+    check_score_mod(MODS[name](4), causal=True)
 
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_score_mod_odd_sizes_both_layouts(backend, layout):
-    mod = MODS["quadratic"]()
+    mod = MODS["quadratic"](4)
     check_score_mod(mod, seqlen_q=1, seqlen_k=17, headdim=40, layout=layout)
     check_score_mod(mod, seqlen_q=17, seqlen_k=1, heads_q=2, heads_kv=2, headdim=16, layout=layout)
 
@@ -79,7 +79,7 @@ def test_score_mod_odd_sizes_both_layouts(backend, layout):
 def test_score_mod_with_softcap_alibi_bias_and_mask(backend):
     # Order: scale, softcap, ALiBi, score_mod, bias, masks; each derivative chains.
     bias = torch.randn(1, 4, 1, 23, device=DEVICE)
-    check_score_mod(MODS["quadratic"](), softcap=3.0, alibi_slopes=torch.rand(4, device=DEVICE) * 0.3,
+    check_score_mod(MODS["quadratic"](4), softcap=3.0, alibi_slopes=torch.rand(4, device=DEVICE) * 0.3,
                     bias=bias, window_size=(5, 0))
 
 
@@ -89,7 +89,7 @@ def test_score_mod_that_masks_with_minus_inf(backend):
 
 def test_score_mod_with_mask_mod(backend):
     q, k, v = (torch.randn(1, 21, 2, 16, device=DEVICE, requires_grad=True) for _ in range(3))
-    mod = MODS["relative"]()
+    mod = MODS["relative"](2)
     out = flashtile.attention(q, k, v, score_mod=mod, mask_mod=causal_mask())
     ref = flashtile.naive_attention(q, k, v, score_mod=mod, causal=True)
     assert_close_to_oracle("out", out, ref, flashtile.naive_attention(q, k, v, score_mod=mod, causal=True,
@@ -140,7 +140,7 @@ def test_bad_arguments_name_themselves():
 def test_gpu_score_mod(name, monkeypatch):
     monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
     for dtype in (torch.bfloat16, torch.float16):
-        check_score_mod(MODS[name](), seqlen_q=700, seqlen_k=1000, heads_q=8, heads_kv=2, headdim=64, dtype=dtype,
+        check_score_mod(MODS[name](8), seqlen_q=700, seqlen_k=1000, heads_q=8, heads_kv=2, headdim=64, dtype=dtype,
                         causal=True)
 
 

@@ -21,7 +21,7 @@ def _num_sms(device_index: int) -> int:
 # Programs per SM the split aims for. Decoding is a stream of K/V reads: an SM needs
 # several programs in flight to keep enough loads outstanding. On the H200 (132 SMs),
 # grids of ~1024 programs read K/V at the copy ceiling, while 256 programs (batch 32,
-# 8 KV heads, one split) read 55-91% of it (docs/performance.md).
+# 8 KV heads, one split) read 55-86% of it paged and 67-101% contiguous (docs/performance.md).
 PROGRAMS_PER_SM = 8
 
 

@@ -7,10 +7,12 @@ heads may exceed 65535; base offsets are 64-bit inside the kernels.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from ..masks import Band
 from . import autotune
@@ -94,6 +96,19 @@ def _score_mod_args(score_mod, dummy: torch.Tensor):
         return dummy, None, None
     fwd, grad = score_mod.triton_fns()
     return (score_mod.buffer if score_mod.buffer is not None else dummy), fwd, grad
+
+
+@contextlib.contextmanager
+def _block_mask_tiles_must_fit(block_mask, head_dim: int, dtype: torch.dtype):
+    """A block mask fixes the kernels' tile sizes; when even one pipeline stage of them
+    does not fit in shared memory, say so in flashtile's terms instead of Triton's."""
+    try:
+        yield
+    except OutOfResources as err:
+        raise ValueError(
+            f"block_mask: its {block_mask.block_m}×{block_mask.block_n} tiles do not fit in this GPU's shared "
+            f"memory at headdim {head_dim}, {dtype} ({err}); build it with smaller tiles, e.g. "
+            f"create_block_mask(..., block_m=64, block_n=64)") from err
 
 
 def _launch_args(cfg) -> dict:
@@ -189,7 +204,8 @@ def attention_forward_triton(
 
     cfg = forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q, **_fit_args(bias, block_mask))
     if block_mask is not None:
-        launch(cfg)  # tile sizes are the block mask's: nothing to tune
+        with _block_mask_tiles_must_fit(block_mask, head_dim, q.dtype):
+            launch(cfg)  # tile sizes are the block mask's: nothing to tune
     else:
         launch(_maybe_autotune("fwd", cfg, q, head_dim_padded, causal_like, seqlen_q, launch, bias, score_mod))
     return lse
@@ -298,8 +314,9 @@ def attention_backward_triton(
         )
 
     if block_mask is not None:  # tile sizes are the block mask's: nothing to tune
-        launch_dkdv(cfg_dkdv)
-        launch_dq(cfg_dq)
+        with _block_mask_tiles_must_fit(block_mask, head_dim, q.dtype):
+            launch_dkdv(cfg_dkdv)
+            launch_dq(cfg_dq)
     else:
         launch_dkdv(_maybe_autotune("dkdv", cfg_dkdv, q, head_dim_padded, causal_like, seqlen_k, launch_dkdv, bias,
                                     score_mod))
