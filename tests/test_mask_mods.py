@@ -115,3 +115,20 @@ def test_mask_errors():
 def test_gpu_mask_mod(name, monkeypatch):
     monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
     check_mask(MASKS[name](), seqlen_q=1000, seqlen_k=1000, heads_q=8, heads_kv=2, headdim=64)
+
+
+def test_generated_masks_trace_under_torch_compile():
+    # A combined mask calls its parts through its own globals; torch.compile (FlexAttention
+    # users compile their masks) must find them there.
+    torch._dynamo.reset()
+    ids = torch.arange(16, dtype=torch.int32) // 8
+    mask = and_masks(causal_mask(), document_mask(ids))
+    zero = torch.zeros((), dtype=torch.int64)
+
+    def visible(q_idx, kv_idx):
+        return mask(zero, zero, q_idx, kv_idx)
+
+    q_idx, kv_idx = torch.arange(16).view(-1, 1), torch.arange(16).view(1, -1)
+    compiled = torch.compile(visible, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(q_idx, kv_idx), visible(q_idx, kv_idx))
+    assert visible(q_idx, kv_idx).sum() == 2 * (8 * 9 // 2)  # two causal documents of 8

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import sys
 import types
 from dataclasses import dataclass, field
 from typing import Callable
@@ -66,12 +67,21 @@ class MaskMod:
 
 
 def _exec_source(name: str, source: str, namespace: dict) -> Callable:
-    # Registered in linecache so that inspect.getsource (used by triton.jit) finds it.
-    filename = f"<flashtile-mask-{name}-{next(_counter)}>"
+    """Define the function ``name`` from generated ``source`` in a module of its own.
+
+    The source is registered in linecache, so that inspect.getsource (which triton.jit
+    uses) finds it. The module is registered in sys.modules and holds ``namespace``
+    (the parts of a combined mask, say): Triton reads the function's ``__module__``,
+    and torch.compile looks the function's globals up through it.
+    """
+    number = next(_counter)
+    filename = f"<flashtile-mask-{name}-{number}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace.setdefault("__name__", __name__)  # Triton reads the function's __module__
-    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own generated source
-    return namespace[name]
+    module = types.ModuleType(f"{__name__}._generated_{number}")
+    module.__dict__.update(namespace)
+    sys.modules[module.__name__] = module
+    exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - our own generated source
+    return module.__dict__[name]
 
 
 def _jit_mask(mask: MaskMod):
