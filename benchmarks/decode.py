@@ -54,51 +54,62 @@ def main():
     ceiling = copy_bandwidth(args.device)
     print(f"copy ceiling: {ceiling:.2f} TB/s (read + write)")
     print(f"{'B':>4} {'cache':>6} {'Hq:Hkv':>7} | {'flashtile':>9} {'paged':>9} {'% copy':>7} "
-          "| sdpa flash / eff / cudnn | flex (TB/s)")
-    for heads_q in args.heads:
-        for batch in args.batches:
-            for cache in args.cache:
-                heads_kv, d = 8, 128
-                q = torch.randn(batch, 1, heads_q, d, device=args.device, dtype=torch.bfloat16)
-                k = torch.randn(batch, cache, heads_kv, d, device=args.device, dtype=torch.bfloat16)
-                v = torch.randn_like(k)
-                lens = torch.full((batch,), cache, dtype=torch.int32, device=args.device)
-                kv_bytes = 2 * k.numel() * k.element_size()
-                # A long warm-up: the first row of an earlier run read low (clocks, caches).
-                t = median_ms(lambda: flashtile.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens), args.device,
-                              warmup=100, rep=50)
-                page = 256
-                k_paged, v_paged = k.view(-1, page, heads_kv, d), v.view(-1, page, heads_kv, d)
-                table = torch.arange(batch * cache // page, dtype=torch.int32, device=args.device).view(batch, -1)
-                t_paged = median_ms(lambda: flashtile.flash_attn_with_kvcache(q, k_paged, v_paged, cache_seqlens=lens,
-                                                                             block_table=table),
-                                    args.device, warmup=100, rep=50)
-                tb = kv_bytes / (t * 1e-3) / 1e12
-                tb_paged = kv_bytes / (t_paged * 1e-3) / 1e12
-                sdpa = []
-                qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-                flex = None if args.no_flex else flex_decode()
-                flex_tb = "n/a"
-                if flex is not None:
-                    try:
-                        flex(qt, kt, vt)
-                        t_flex = median_ms(lambda: flex(qt, kt, vt), args.device, warmup=100, rep=50)
-                        flex_tb = f"{kv_bytes / (t_flex * 1e-3) / 1e12:.2f}"
-                    except Exception as e:  # noqa: BLE001 - a baseline's failure must not end the run
-                        flex_tb = f"error ({type(e).__name__})"
-                for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                                SDPBackend.CUDNN_ATTENTION):
-                    try:
-                        with sdpa_kernel(backend):
-                            fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)  # noqa: E731
-                            fn()
-                            t_sdpa = median_ms(fn, args.device, warmup=5, rep=30)
-                            sdpa.append(f"{kv_bytes / (t_sdpa * 1e-3) / 1e12:.2f}")
-                    except RuntimeError:
-                        sdpa.append("n/a")
-                print(f"{batch:>4} {cache:>6} {heads_q:>4}:{heads_kv:<2} | {tb:9.2f} {tb_paged:9.2f} "
-                      f"{100 * max(tb, tb_paged) / ceiling:6.1f}% | {' / '.join(sdpa)} | {flex_tb}", flush=True)
+          "| sdpa flash / eff / cudnn (TB/s)")
+    shapes = [(heads_q, batch, cache) for heads_q in args.heads for batch in args.batches for cache in args.cache]
+    for heads_q, batch, cache in shapes:
+        q, k, v, lens = problem(batch, cache, heads_q, args.device)
+        kv_bytes = 2 * k.numel() * k.element_size()
+        # A long warm-up: the first row of an earlier run read low (clocks, caches).
+        t = median_ms(lambda: flashtile.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens), args.device,
+                      warmup=100, rep=50)
+        page = 256
+        k_paged, v_paged = k.view(-1, page, HEADS_KV, HEADDIM), v.view(-1, page, HEADS_KV, HEADDIM)
+        table = torch.arange(batch * cache // page, dtype=torch.int32, device=args.device).view(batch, -1)
+        t_paged = median_ms(lambda: flashtile.flash_attn_with_kvcache(q, k_paged, v_paged, cache_seqlens=lens,
+                                                                     block_table=table),
+                            args.device, warmup=100, rep=50)
+        tb = kv_bytes / (t * 1e-3) / 1e12
+        tb_paged = kv_bytes / (t_paged * 1e-3) / 1e12
+        sdpa = []
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+            try:
+                with sdpa_kernel(backend):
+                    fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)  # noqa: E731
+                    fn()
+                    t_sdpa = median_ms(fn, args.device, warmup=5, rep=30)
+                    sdpa.append(f"{kv_bytes / (t_sdpa * 1e-3) / 1e12:.2f}")
+            except RuntimeError:
+                sdpa.append("n/a")
+        print(f"{batch:>4} {cache:>6} {heads_q:>4}:{HEADS_KV:<2} | {tb:9.2f} {tb_paged:9.2f} "
+              f"{100 * max(tb, tb_paged) / ceiling:6.1f}% | {' / '.join(sdpa)}", flush=True)
+    flex = None if args.no_flex else flex_decode()
+    if flex is None:
+        return
+    # FlexAttention after every flashtile row: its compiles cannot cost those rows to a time limit.
+    print("FlexAttention decoding (compiled), TB/s of K/V read:")
+    for heads_q, batch, cache in shapes:
+        q, k, v, _ = problem(batch, cache, heads_q, args.device)
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        try:
+            flex(qt, kt, vt)
+            t_flex = median_ms(lambda: flex(qt, kt, vt), args.device, warmup=100, rep=50)
+            shown = f"{2 * k.numel() * k.element_size() / (t_flex * 1e-3) / 1e12:.2f}"
+        except Exception as e:  # noqa: BLE001 - a baseline's failure must not end the run
+            shown = f"error ({type(e).__name__})"
+        print(f"{batch:>4} {cache:>6} {heads_q:>4}:{HEADS_KV:<2} | {shown}", flush=True)
 
+
+HEADS_KV, HEADDIM = 8, 128
+
+
+def problem(batch: int, cache: int, heads_q: int, device):
+    """q (B, 1, Hq, D), a full K/V cache (B, cache, Hkv, D) in bf16, and its lengths."""
+    q = torch.randn(batch, 1, heads_q, HEADDIM, device=device, dtype=torch.bfloat16)
+    k = torch.randn(batch, cache, HEADS_KV, HEADDIM, device=device, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    lens = torch.full((batch,), cache, dtype=torch.int32, device=device)
+    return q, k, v, lens
 
 
 if __name__ == "__main__":
