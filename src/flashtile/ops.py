@@ -46,6 +46,12 @@ def _new_like(t: Tensor, layout: str) -> Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
+def _named(mask_key: Optional[str], score_key: Optional[str]):
+    """The block mask and score_mod the ops' string arguments name (None where not given)."""
+    return (lookup(mask_key) if mask_key is not None else None,
+            lookup_score_mod(score_key) if score_key is not None else None)
+
+
 def new_dropout_seed(device: torch.device) -> Tensor:
     """A dropout seed drawn from torch's generator of ``device``, kept on the device.
 
@@ -91,8 +97,7 @@ def attention_forward(
     registered score_mod.
     """
     band = Band(window_left, window_right)
-    block_mask = lookup(mask_key) if mask_key is not None else None
-    score_mod = lookup_score_mod(score_key) if score_key is not None else None
+    block_mask, score_mod = _named(mask_key, score_key)
     out = _new_like(q, layout)
     q_, k_, v_, out_ = (_to_bhsd(t, layout) for t in (q, k, v, out))
     if backend == "triton":
@@ -154,8 +159,7 @@ def attention_backward(
     ``dlse`` (may be None) is the gradient flowing into the LSE.
     """
     band = Band(window_left, window_right)
-    block_mask = lookup(mask_key) if mask_key is not None else None
-    score_mod = lookup_score_mod(score_key) if score_key is not None else None
+    block_mask, score_mod = _named(mask_key, score_key)
     dq, dk, dv = (_new_like(t, layout) for t in (q, k, v))
     views = [_to_bhsd(t, layout) for t in (dout, q, k, v, out, dq, dk, dv)]
     dbias = None
@@ -207,8 +211,7 @@ def _setup_context(ctx, inputs, output):
     ctx.bias_requires_grad = bias is not None and ctx.needs_input_grad[_BIAS_INPUT]
     mask_key, score_key = inputs[-2], inputs[-1]
     # Both stay alive until the backward (the registries hold them weakly).
-    ctx.block_mask = lookup(mask_key) if mask_key is not None else None
-    ctx.score_mod = lookup_score_mod(score_key) if score_key is not None else None
+    ctx.block_mask, ctx.score_mod = _named(mask_key, score_key)
 
 
 def _backward(ctx, dout, dlse):
