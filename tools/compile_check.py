@@ -70,6 +70,11 @@ def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
                                                                                num_stages=num_stages))
 
 
+# The attention kernels' option flags with every option off (tile sizes and head dims apart).
+PLAIN = dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_BIAS=False, HAS_DROPOUT=False,
+             IS_VARLEN=False, DOT_PRECISION="ieee", MASK_MOD=None, SCORE_MOD=None, SCORE_GRAD=None)
+
+
 def variants(quick: bool):
     from flashtile.mask_mods import and_masks, causal_mask, document_mask
     from flashtile.score_mods import softcap_score
@@ -78,11 +83,9 @@ def variants(quick: bool):
 
     mask = and_masks(causal_mask(), document_mask(torch.zeros(8, dtype=torch.int32))).triton_fn()
     score, score_grad = softcap_score(20.0).triton_fns()
-    flags = dict(HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_BIAS=False,
-                 HAS_DROPOUT=False, IS_VARLEN=False, DOT_PRECISION="ieee", MASK_MOD=None,
-                 SCORE_MOD=None, SCORE_GRAD=None)
-    every = dict(HAS_LEFT=True, HAS_RIGHT=True, HAS_SOFTCAP=True, HAS_ALIBI=True, HAS_BIAS=True, HAS_DROPOUT=True,
-                 IS_VARLEN=True, DOT_PRECISION="ieee", MASK_MOD=None, SCORE_MOD=None, SCORE_GRAD=None)
+    flags = dict(PLAIN, HAS_RIGHT=True)
+    every = dict(PLAIN, HAS_LEFT=True, HAS_RIGHT=True, HAS_SOFTCAP=True, HAS_ALIBI=True, HAS_BIAS=True,
+                 HAS_DROPOUT=True, IS_VARLEN=True)
     masked = dict(flags, HAS_RIGHT=False, MASK_MOD=mask, SCORE_MOD=score, SCORE_GRAD=score_grad)
     dims = [(128, 128)] if quick else [(128, 128), (40, 64), (256, 256)]
     for d, dp in dims:

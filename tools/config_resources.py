@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compile_check import compile_variant, resource_usage  # noqa: E402
+from compile_check import PLAIN, compile_variant, resource_usage  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -33,9 +33,7 @@ def main(argv=None) -> int:
     from flashtile.kernels.fwd import _fwd_kernel
 
     kernel = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv_kernel, "dq": _bwd_dq_kernel}[args.kernel]
-    flags = dict(HEAD_DIM=args.headdim, HEAD_DIM_PADDED=args.headdim, HAS_LEFT=False, HAS_RIGHT=args.causal,
-                 HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_BIAS=False, HAS_DROPOUT=False, IS_VARLEN=False,
-                 HAS_DBIAS=False, DOT_PRECISION="ieee", MASK_MOD=None, SCORE_MOD=None, SCORE_GRAD=None)
+    flags = dict(PLAIN, HEAD_DIM=args.headdim, HEAD_DIM_PADDED=args.headdim, HAS_RIGHT=args.causal, HAS_DBIAS=False)
     print(f"{args.kernel} d={args.headdim} {'causal' if args.causal else 'full'}: BLOCK_M x BLOCK_N, warps, stages")
     for bm, bn, warps, stages in itertools.product(args.blocks, args.blocks, args.warps, args.stages):
         try:
