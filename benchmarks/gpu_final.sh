@@ -20,12 +20,6 @@ case ${1:-tests} in
     cut -f1 "$OUT/report.tsv" | sort | uniq -c
     grep -v "^passed\|^skipped" "$OUT/report.tsv" | head -30
     sort -t$'\t' -k2 -rn "$OUT/report.tsv" | head -8 ;;
-  quickbench)
-    timeout 60 python3 benchmarks/speed_table.py --headdims 64 128 --seqlens 1024 16384 --json "$OUT/speed.json" \
-      > "$OUT/speed.log" 2>&1
-    timeout 60 python3 benchmarks/decode.py > "$OUT/decode.log" 2>&1
-    timeout 60 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
-    tail -22 "$OUT/speed.log"; cat "$OUT/decode.log" "$OUT/variants.log" ;;
   bench)
     timeout 60 python3 benchmarks/speed_table.py --headdims 64 128 --seqlens 1024 16384 --json "$OUT/speed.json" \
       > "$OUT/speed.log" 2>&1
