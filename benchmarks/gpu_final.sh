@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of a whole tree, in three device calls that each fit the 10-minute limit:
-#   bash benchmarks/gpu_final.sh tests   # every test file on the GPU (gpu-marked ones included)
+#   bash benchmarks/gpu_final.sh tests   # every test file on the GPU (gpu-marked ones included);
+#                                        # TESTS="tests/a.py tests/b.py" picks files or node ids
 #   bash benchmarks/gpu_final.sh bench   # speed, decode bandwidth, variants, masks, memory, sanitizer
 #   bash benchmarks/gpu_final.sh extra   # old-vs-new speed (OLD_SRC), ring attention (2 GPUs), IO model
 # Logs under $OUT; a short summary is printed last.
@@ -9,39 +10,43 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 FLASHTILE_HYPOTHESIS_PROFILE=gpu
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/gpu.txt"
+# step CMD...: run it and log its wall time to times.txt (the budget of each call is planned from these)
+step() { local start=$SECONDS; "$@"; echo "$((SECONDS - start)) s  ${*:2:6}" >> "$OUT/times.txt"; }
 case ${1:-tests} in
   tests)
     # Results stream to report.tsv as each test ends (tools/stream_report.py), so a run cut
     # off by the time limit still names its failures. test_compile_check compiles for sm_90
-    # on the CPU: CI's job, skipped here.
-    FLASHTILE_REPORT=$OUT/report.tsv PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-560}" \
+    # on the CPU: CI's job, skipped here. Two torch threads per worker: 16 workers with a
+    # thread per core each oversubscribed the CPUs and slowed the CPU-side tests 10-fold.
+    OMP_NUM_THREADS=2 FLASHTILE_REPORT=$OUT/report.tsv PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-560}" \
       python3 -m pytest -q -p no:cacheprovider -p no:benchmark -p tools.stream_report -n "${WORKERS:-8}" \
-      --dist worksteal --timeout=300 --ignore=tests/test_compile_check.py --durations=30 tests/ > "$OUT/tests.log" 2>&1
+      --dist worksteal --timeout=300 --ignore=tests/test_compile_check.py --durations=30 ${TESTS:-tests/} > "$OUT/tests.log" 2>&1
     cut -f1 "$OUT/report.tsv" | sort | uniq -c
     grep -v "^passed\|^skipped" "$OUT/report.tsv" | head -30
     sort -t$'\t' -k2 -rn "$OUT/report.tsv" | head -8 ;;
   bench)
-    timeout 60 python3 benchmarks/speed_table.py --headdims 64 128 --seqlens 1024 16384 --json "$OUT/speed.json" \
+    step env timeout 60 python3 benchmarks/speed_table.py --headdims 64 128 --seqlens 1024 16384 --json "$OUT/speed.json" \
       > "$OUT/speed.log" 2>&1
-    timeout 100 python3 benchmarks/decode.py > "$OUT/decode.log" 2>&1
-    timeout 120 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
-    timeout 120 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
-    timeout 50 python3 benchmarks/memory_scaling.py > "$OUT/memory.log" 2>&1
-    timeout 90 compute-sanitizer --tool memcheck python3 benchmarks/sanitize.py > "$OUT/sanitize.log" 2>&1
+    step env timeout 100 python3 benchmarks/decode.py > "$OUT/decode.log" 2>&1
+    step env timeout 120 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
+    step env timeout 120 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
+    step env timeout 50 python3 benchmarks/memory_scaling.py > "$OUT/memory.log" 2>&1
+    step env timeout 90 compute-sanitizer --tool memcheck python3 benchmarks/sanitize.py > "$OUT/sanitize.log" 2>&1
     tail -22 "$OUT/speed.log"; cat "$OUT/decode.log" "$OUT/variants.log" "$OUT/masks.log" "$OUT/memory.log"
-    grep -E "ERROR SUMMARY|sanitize:" "$OUT/sanitize.log" ;;
+    grep -E "ERROR SUMMARY|sanitize:" "$OUT/sanitize.log"; cat "$OUT/times.txt" ;;
   extra)
     # Needs 2 GPUs (kind nvidia-h200-x2) for the ring. OLD_SRC (optional): a src/ tree of an
     # older commit, carried (git archive REV src | tar -x -C .old), timed beside this one.
     if [[ -n "${OLD_SRC:-}" ]]; then
-      PYTHONPATH=$OLD_SRC timeout 60 python3 benchmarks/speed_table.py --headdims 128 --seqlens 1024 4096 \
+      step env PYTHONPATH=$OLD_SRC timeout 60 python3 benchmarks/speed_table.py --headdims 128 --seqlens 1024 4096 \
         --impls flashtile sdpa-flash > "$OUT/speed-old.log" 2>&1
-      timeout 60 python3 benchmarks/speed_table.py --headdims 128 --seqlens 1024 4096 --impls flashtile sdpa-flash \
+      step env timeout 60 python3 benchmarks/speed_table.py --headdims 128 --seqlens 1024 4096 --impls flashtile sdpa-flash \
         > "$OUT/speed-new.log" 2>&1
     fi
-    timeout 180 torchrun --standalone --nproc_per_node=2 benchmarks/ring_attention.py --out "$OUT/ring.json" \
+    step env timeout "${RING_LIMIT:-180}" torchrun --standalone --nproc_per_node=2 benchmarks/ring_attention.py --out "$OUT/ring.json" \
       > "$OUT/ring.log" 2>&1
-    timeout 240 python3 benchmarks/io_measure.py table --headdims 128 --seqlens 1024 4096 16384 > "$OUT/io.log" 2>&1
+    [[ "${IO:-1}" == 1 ]] && step env timeout "${IO_LIMIT:-240}" python3 benchmarks/io_measure.py table --headdims 128 \
+      --seqlens ${IO_SEQLENS:-1024 4096 16384} > "$OUT/io.log" 2>&1
     for f in speed-old speed-new; do [[ -f "$OUT/$f.log" ]] && { echo "== $f"; tail -6 "$OUT/$f.log"; }; done
-    tail -12 "$OUT/ring.log"; cat "$OUT/io.log" ;;
+    tail -12 "$OUT/ring.log"; [[ -f "$OUT/io.log" ]] && cat "$OUT/io.log"; cat "$OUT/times.txt" ;;
 esac

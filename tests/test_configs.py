@@ -1,4 +1,4 @@
-"""Launch configs fit the GPU's shared memory, bias tiles and block-mask tiles included.
+"""Launch configs fit the GPU's shared memory, bias tiles, dropout and block-mask tiles included.
 
 Runs anywhere: the device's limits are stubbed with the H200's (232448 bytes per block,
 compute capability 9.0). Regression: with a float32 bias, the d128 dQ kernel's table
@@ -28,20 +28,22 @@ def elem_size(dtype):
     return torch.empty(0, dtype=dtype).element_size()
 
 
+@pytest.mark.parametrize("dropout", [False, True])
 @pytest.mark.parametrize("blocks", [None, (64, 64), (128, 128)])
 @pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
-def test_configs_fit_shared_memory(h200, head_dim, dtype, bias_dtype, blocks):
+def test_configs_fit_shared_memory(h200, head_dim, dtype, bias_dtype, blocks, dropout):
     elem = elem_size(dtype)
     bias_elem = elem_size(bias_dtype) if bias_dtype is not None else 0
     for causal in (False, True):
-        fwd = configs.forward_config(head_dim, dtype, causal, h200, bias_elem=bias_elem, blocks=blocks)
-        dkdv, dq = configs.backward_configs(head_dim, dtype, causal, h200, bias_elem=bias_elem, blocks=blocks)
+        fit = dict(bias_elem=bias_elem, blocks=blocks, dropout=dropout)
+        fwd = configs.forward_config(head_dim, dtype, causal, h200, **fit)
+        dkdv, dq = configs.backward_configs(head_dim, dtype, causal, h200, **fit)
         if blocks is not None:
             assert all((c.BLOCK_M, c.BLOCK_N) == blocks for c in (fwd, dkdv, dq))
         for cfg, streams_keys, resident in ((fwd, True, 1), (dkdv, False, 2), (dq, True, 2)):
-            need = _smem_bytes(cfg, head_dim, elem, streams_keys, resident, bias_elem)
+            need = _smem_bytes(cfg, head_dim, elem, streams_keys, resident, bias_elem, dropout)
             if blocks is None:  # the table's own tiles always fit
                 assert need <= H200_SMEM, (cfg, need)
             else:  # a block mask imposes its tiles: trimming stages is all the fit can do
@@ -55,6 +57,15 @@ def test_bias_trims_pipeline_depth(h200):
     assert with_bias.num_stages < plain.num_stages
     # The failing launch's figure, reproduced by the estimate with the bias counted.
     assert _smem_bytes(plain, 128, 2, True, 2, bias_elem=4) == 262144
+
+
+def test_dropout_trims_the_d128_forward_pipeline(h200):
+    # The GPU suite's failing launch: the d128 causal forward (128 × 128, 3 stages) with
+    # dropout asked for 245760 bytes; the keep mask's 16 KiB layout change was not counted.
+    plain = configs.forward_config(128, torch.bfloat16, True, h200)
+    with_dropout = configs.forward_config(128, torch.bfloat16, True, h200, dropout=True)
+    assert _smem_bytes(plain, 128, 2, True, 1, 0, dropout=True) == 245760
+    assert (plain.num_stages, with_dropout.num_stages) == (3, 2)
 
 
 def test_an_override_keeps_the_block_masks_tiles(h200):

@@ -8,6 +8,7 @@ shared memory. Run it before handing kernel changes to a GPU:
 
     python tools/compile_check.py            # all variants (~10 s each on 2 cores)
     python tools/compile_check.py --quick    # one variant per kernel
+    python tools/compile_check.py --smem     # the config fit's shared-memory estimate vs Triton's
 """
 
 from __future__ import annotations
@@ -108,6 +109,42 @@ def variants(quick: bool):
                     HAS_LEFTPAD=True, DOT_PRECISION="ieee"), 4, 3)
 
 
+def smem_cases():
+    """(name, kernel, constexprs, warps, stages, estimate) for the H200 table's deepest
+    pipelines with the options that add shared memory (bias tile, dropout's keep mask):
+    the configs' fit (kernels/configs.py) trusts this estimate to stay under the device limit."""
+    from flashtile.kernels.configs import KernelConfig, _smem_bytes
+
+    # The bias's last stride is 1 on a launch (Triton specialises it) and its rows are
+    # not 16-aligned in general (a key length like 777).
+    bias = dict(HAS_BIAS=True, stride_bn=1)
+    for name, kernel, (bm, bn, warps, stages), d, streams_keys, resident, options in [
+        ("fwd", _fwd_kernel, (128, 128, 8, 3), 128, True, 1, dict(HAS_DROPOUT=True)),
+        ("fwd", _fwd_kernel, (128, 128, 8, 2), 128, True, 1, dict(bias, HAS_DROPOUT=True)),
+        ("fwd", _fwd_kernel, (64, 64, 4, 3), 64, True, 1, dict(HAS_DROPOUT=True)),
+        ("dkdv", _bwd_dkdv_kernel, (64, 128, 8, 3), 128, False, 2, dict(bias, HAS_DROPOUT=True)),
+        ("dkdv", _bwd_dkdv_kernel, (128, 64, 8, 3), 128, False, 2, {}),
+        ("dq", _bwd_dq_kernel, (128, 64, 8, 3), 128, True, 2, dict(HAS_DROPOUT=True)),
+    ]:
+        flags = dict(PLAIN, HEAD_DIM=d, HEAD_DIM_PADDED=d, HAS_RIGHT=True, HAS_DBIAS=False, BLOCK_M=bm, BLOCK_N=bn,
+                     **options)
+        estimate = _smem_bytes(KernelConfig(bm, bn, warps, stages), d, 2, streams_keys, resident,
+                               bias_elem=2 if options.get("HAS_BIAS") else 0, dropout=options.get("HAS_DROPOUT", False))
+        label = f"{name} d={d} {bm}x{bn} w{warps} s{stages} {'+'.join(k for k in options if k.startswith('HAS'))}"
+        yield label, kernel, flags, warps, stages, estimate
+
+
+def check_smem_estimates() -> int:
+    failures = 0
+    for name, kernel, constexprs, warps, stages, estimate in smem_cases():
+        actual = compile_variant(kernel, constexprs, warps, stages).metadata.shared
+        ok = actual <= estimate
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name:44s} triton={actual:7d} B  estimate={estimate:7d} B", flush=True)
+    print(f"{failures} estimates too low" if failures else "every shared-memory estimate covers Triton's")
+    return 1 if failures else 0
+
+
 def resource_usage(compiled) -> str:
     """Registers per thread and stack (spill) bytes of a compiled kernel, from the cubin
     (cuobjdump ships with Triton's NVIDIA backend), e.g. "regs=255 stack=1688"."""
@@ -130,7 +167,11 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--resources", action="store_true",
                         help="also print registers and stack (spill) bytes per variant")
+    parser.add_argument("--smem", action="store_true",
+                        help="check the config fit's shared-memory estimate against Triton's (see smem_cases)")
     args = parser.parse_args(argv)
+    if args.smem:
+        return check_smem_estimates()
     failures = 0
     for name, kernel, constexprs, warps, stages in variants(args.quick):
         start = time.perf_counter()

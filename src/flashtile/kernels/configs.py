@@ -51,19 +51,25 @@ def device_limits(device_index: int) -> tuple[tuple[int, int], int]:
 
 
 def _smem_bytes(cfg: KernelConfig, head_dim: int, elem: int, streams_keys: bool, resident_tiles: int,
-                bias_elem: int) -> int:
+                bias_elem: int, dropout: bool = False) -> int:
     # Each pipeline stage buffers the two streamed tiles (K and V in the forward and dQ
     # kernels, Q and dO in the dK/dV kernel) and, with a bias, its BLOCK_M × BLOCK_N tile
-    # in the bias's own dtype; the resident tiles are staged once.
+    # in the bias's own dtype; the resident tiles are staged once. The dK/dV kernel also
+    # stages the LSE and Delta (float32) of its streamed rows. Dropout adds one byte per
+    # score: Triton moves the keep mask between layouts through shared memory (measured by
+    # compiling for sm_90: 16 KiB at 128 × 128; tests/test_configs.py checks the estimate).
     streamed_rows, resident_rows = (cfg.BLOCK_N, cfg.BLOCK_M) if streams_keys else (cfg.BLOCK_M, cfg.BLOCK_N)
     tiles = (cfg.num_stages * 2 * streamed_rows + resident_tiles * resident_rows) * head_dim * elem
-    return tiles + cfg.num_stages * cfg.BLOCK_M * cfg.BLOCK_N * bias_elem
+    row_stats = 0 if streams_keys else cfg.num_stages * streamed_rows * 2 * 4
+    keep_mask = cfg.BLOCK_M * cfg.BLOCK_N if dropout else 0
+    return tiles + cfg.num_stages * cfg.BLOCK_M * cfg.BLOCK_N * bias_elem + row_stats + keep_mask
 
 
 def _fit(cfg: KernelConfig, head_dim: int, elem: int, smem_limit: int, streams_keys: bool = True,
-         resident_tiles: int = 2, bias_elem: int = 0) -> KernelConfig:
+         resident_tiles: int = 2, bias_elem: int = 0, dropout: bool = False) -> KernelConfig:
     """Trim the pipeline depth until the shared-memory estimate fits the device."""
-    while cfg.num_stages > 1 and _smem_bytes(cfg, head_dim, elem, streams_keys, resident_tiles, bias_elem) > smem_limit:
+    while cfg.num_stages > 1 and _smem_bytes(cfg, head_dim, elem, streams_keys, resident_tiles, bias_elem,
+                                             dropout) > smem_limit:
         cfg = KernelConfig(cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages - 1)
     return cfg
 
@@ -74,11 +80,13 @@ def _with_blocks(cfg: KernelConfig, blocks: tuple[int, int] | None) -> KernelCon
 
 
 def forward_config(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device,
-                   seqlen_q: int = 4096, bias_elem: int = 0, blocks: tuple[int, int] | None = None) -> KernelConfig:
+                   seqlen_q: int = 4096, bias_elem: int = 0, blocks: tuple[int, int] | None = None,
+                   dropout: bool = False) -> KernelConfig:
     """Config of ``_fwd_kernel``; head_dim is the padded (power-of-two) head dim.
 
     ``bias_elem``: bytes per element of the additive bias (0 without one); ``blocks``:
-    (BLOCK_M, BLOCK_N) imposed by a block mask. Both count in the shared-memory fit.
+    (BLOCK_M, BLOCK_N) imposed by a block mask; ``dropout``: whether a keep mask is drawn.
+    All three count in the shared-memory fit.
     """
     if _override["forward"] is not None:  # a block mask's tile sizes still rule: its lists index them
         return _with_blocks(_override["forward"], blocks)
@@ -102,13 +110,13 @@ def forward_config(head_dim: int, dtype: torch.dtype, causal: bool, device: torc
     else:
         cfg = KernelConfig(64, 32, 4, 2)
     # Only Q stays resident.
-    return _fit(_with_blocks(cfg, blocks), head_dim, elem, smem, resident_tiles=1, bias_elem=bias_elem)
+    return _fit(_with_blocks(cfg, blocks), head_dim, elem, smem, resident_tiles=1, bias_elem=bias_elem, dropout=dropout)
 
 
 def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, bias_elem: int = 0,
-                     blocks: tuple[int, int] | None = None) -> tuple[KernelConfig, KernelConfig]:
+                     blocks: tuple[int, int] | None = None, dropout: bool = False) -> tuple[KernelConfig, KernelConfig]:
     """Configs of ``_bwd_dkdv_kernel`` and ``_bwd_dq_kernel`` (they stream different tiles);
-    ``bias_elem`` and ``blocks`` as in :func:`forward_config`."""
+    ``bias_elem``, ``blocks`` and ``dropout`` as in :func:`forward_config`."""
     if _override["backward"] is not None:
         dkdv, dq = _override["backward"]
         return _with_blocks(dkdv, blocks), _with_blocks(dq, blocks)
@@ -129,5 +137,5 @@ def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool, device: to
     else:
         dkdv = dq = KernelConfig(64, 64, 4, 2) if head_dim <= 64 else KernelConfig(32, 64, 4, 1)
     dkdv, dq = _with_blocks(dkdv, blocks), _with_blocks(dq, blocks)
-    return (_fit(dkdv, head_dim, elem, smem, streams_keys=False, bias_elem=bias_elem),
-            _fit(dq, head_dim, elem, smem, bias_elem=bias_elem))
+    return (_fit(dkdv, head_dim, elem, smem, streams_keys=False, bias_elem=bias_elem, dropout=dropout),
+            _fit(dq, head_dim, elem, smem, bias_elem=bias_elem, dropout=dropout))

@@ -47,14 +47,17 @@ def _alibi_args(alibi_slopes: torch.Tensor | None, q: torch.Tensor):
     return alibi_slopes, alibi_slopes.stride(0), alibi_slopes.stride(1)
 
 
-def _maybe_autotune(kind, table_cfg, q, head_dim_padded, causal, seqlen, launch, bias=None, score_mod=None):
+def _maybe_autotune(kind, table_cfg, q, head_dim_padded, causal, seqlen, launch, bias=None, score_mod=None,
+                    dropout=False):
     """The table's config, or with FLASHTILE_AUTOTUNE=1 the fastest measured one (cached on disk).
 
-    The key holds what changes the best config: a bias (its tile takes shared memory in
-    every stage) and a score_mod (more arithmetic per score) get choices of their own."""
+    The key holds what changes the best config: a bias and dropout (they take shared
+    memory, so a config chosen without them may not launch with them) and a score_mod
+    (more arithmetic per score) get choices of their own."""
     if not autotune.enabled() or q.device.type != "cuda":
         return table_cfg
-    extras = (f"-bias{bias.element_size()}" if bias is not None else "") + ("-scoremod" if score_mod else "")
+    extras = ((f"-bias{bias.element_size()}" if bias is not None else "") + ("-scoremod" if score_mod else "")
+              + ("-dropout" if dropout else ""))
     key = (f"{kind}-d{head_dim_padded}-{str(q.dtype).removeprefix('torch.')}-{'causal' if causal else 'full'}"
            f"-n{autotune.seqlen_bucket(seqlen)}{extras}")
     return autotune.tuner_for(q.device).choose(key, autotune.candidates(kind, table_cfg), launch)
@@ -84,10 +87,12 @@ def _block_mask_args(block_mask, transposed: bool, dummy: torch.Tensor):
     return (idx, partial, count, buffer), strides, block_mask.mask.triton_fn()
 
 
-def _fit_args(bias: torch.Tensor | None, block_mask) -> dict:
-    """What the config choice must fit beside the Q/K/V tiles: a bias tile, a block mask's tiles."""
+def _fit_args(bias: torch.Tensor | None, block_mask, dropout_p: float) -> dict:
+    """What the config choice must fit beside the Q/K/V tiles: a bias tile, a block mask's
+    tiles, dropout's keep mask."""
     return dict(bias_elem=bias.element_size() if bias is not None else 0,
-                blocks=(block_mask.block_m, block_mask.block_n) if block_mask is not None else None)
+                blocks=(block_mask.block_m, block_mask.block_n) if block_mask is not None else None,
+                dropout=dropout_p > 0)
 
 
 def _score_mod_args(score_mod, dummy: torch.Tensor):
@@ -202,12 +207,14 @@ def attention_forward_triton(
             **_launch_args(cfg),
         )
 
-    cfg = forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q, **_fit_args(bias, block_mask))
+    cfg = forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q,
+                         **_fit_args(bias, block_mask, dropout_p))
     if block_mask is not None:
         with _block_mask_tiles_must_fit(block_mask, head_dim, q.dtype):
             launch(cfg)  # tile sizes are the block mask's: nothing to tune
     else:
-        launch(_maybe_autotune("fwd", cfg, q, head_dim_padded, causal_like, seqlen_q, launch, bias, score_mod))
+        launch(_maybe_autotune("fwd", cfg, q, head_dim_padded, causal_like, seqlen_q, launch, bias, score_mod,
+                               dropout_p > 0))
     return lse
 
 
@@ -249,7 +256,8 @@ def attention_backward_triton(
         dout = dout.contiguous()
     head_dim_padded = _padded_head_dim(head_dim)
     causal_like = band.right is not None  # causal or a right window: the diagonal-heavy configs
-    cfg_dkdv, cfg_dq = backward_configs(head_dim_padded, q.dtype, causal_like, q.device, **_fit_args(bias, block_mask))
+    cfg_dkdv, cfg_dq = backward_configs(head_dim_padded, q.dtype, causal_like, q.device,
+                                        **_fit_args(bias, block_mask, dropout_p))
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
     if dlse is not None:
@@ -319,9 +327,9 @@ def attention_backward_triton(
             launch_dq(cfg_dq)
     else:
         launch_dkdv(_maybe_autotune("dkdv", cfg_dkdv, q, head_dim_padded, causal_like, seqlen_k, launch_dkdv, bias,
-                                    score_mod))
+                                    score_mod, dropout_p > 0))
         launch_dq(_maybe_autotune("dq", cfg_dq, q, head_dim_padded, causal_like, seqlen_q, launch_dq, bias,
-                                  score_mod))
+                                  score_mod, dropout_p > 0))
     if has_dbias:
         return dbias_full.sum_to_size(bias.shape)
     return None
