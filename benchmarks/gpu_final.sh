@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu_final.sh tests   # every test file on the GPU (gpu-marked ones included);
 #                                        # TESTS="tests/a.py tests/b.py" picks files or node ids
 #   bash benchmarks/gpu_final.sh bench   # speed, decode bandwidth, variants, masks, memory, sanitizer
-#   bash benchmarks/gpu_final.sh extra   # old-vs-new speed (OLD_SRC), ring attention (2 GPUs), IO model
+#   bash benchmarks/gpu_final.sh extra   # old-vs-new speed (OLD_SRC), ring attention (2 GPUs)
+#   bash benchmarks/gpu_final.sh io      # the IO model against Nsight Compute's DRAM bytes
 # Logs under $OUT; a short summary is printed last.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -27,13 +28,16 @@ case ${1:-tests} in
   bench)
     step env timeout 60 python3 benchmarks/speed_table.py --headdims 64 128 --seqlens 1024 16384 --json "$OUT/speed.json" \
       > "$OUT/speed.log" 2>&1
-    step env timeout 100 python3 benchmarks/decode.py > "$OUT/decode.log" 2>&1
-    step env timeout 120 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
-    step env timeout 120 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
+    step env timeout 90 python3 benchmarks/decode.py > "$OUT/decode.log" 2>&1
+    step env timeout 100 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
+    step env timeout 110 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
     step env timeout 50 python3 benchmarks/memory_scaling.py > "$OUT/memory.log" 2>&1
-    step env timeout 90 compute-sanitizer --tool memcheck python3 benchmarks/sanitize.py > "$OUT/sanitize.log" 2>&1
+    step env timeout 80 compute-sanitizer --tool memcheck python3 benchmarks/sanitize.py > "$OUT/sanitize.log" 2>&1
+    step env timeout 30 python3 benchmarks/launch_overhead.py > "$OUT/launch.log" 2>&1
+    [[ -n "${OLD_SRC:-}" ]] && step env PYTHONPATH=$OLD_SRC timeout 30 python3 benchmarks/launch_overhead.py \
+      > "$OUT/launch-old.log" 2>&1
     tail -22 "$OUT/speed.log"; cat "$OUT/decode.log" "$OUT/variants.log" "$OUT/masks.log" "$OUT/memory.log"
-    grep -E "ERROR SUMMARY|sanitize:" "$OUT/sanitize.log"; cat "$OUT/times.txt" ;;
+    grep -E "ERROR SUMMARY|sanitize:" "$OUT/sanitize.log"; cat "$OUT"/launch*.log "$OUT/times.txt" ;;
   extra)
     # Needs 2 GPUs (kind nvidia-h200-x2) for the ring. OLD_SRC (optional): a src/ tree of an
     # older commit, carried (git archive REV src | tar -x -C .old), timed beside this one.
@@ -45,8 +49,10 @@ case ${1:-tests} in
     fi
     step env timeout "${RING_LIMIT:-180}" torchrun --standalone --nproc_per_node=2 benchmarks/ring_attention.py --out "$OUT/ring.json" \
       > "$OUT/ring.log" 2>&1
-    [[ "${IO:-1}" == 1 ]] && step env timeout "${IO_LIMIT:-240}" python3 benchmarks/io_measure.py table --headdims 128 \
-      --seqlens ${IO_SEQLENS:-1024 4096 16384} > "$OUT/io.log" 2>&1
     for f in speed-old speed-new; do [[ -f "$OUT/$f.log" ]] && { echo "== $f"; tail -6 "$OUT/$f.log"; }; done
-    tail -12 "$OUT/ring.log"; [[ -f "$OUT/io.log" ]] && cat "$OUT/io.log"; cat "$OUT/times.txt" ;;
+    tail -12 "$OUT/ring.log"; cat "$OUT/times.txt" ;;
+  io)
+    step env timeout "${IO_LIMIT:-240}" python3 benchmarks/io_measure.py table --headdims 128 \
+      --seqlens ${IO_SEQLENS:-1024 4096 16384} > "$OUT/io.log" 2>&1
+    cat "$OUT/io.log" "$OUT/times.txt" ;;
 esac
