@@ -112,7 +112,7 @@ def attention(
     score_mod, score_key = _register_score_mod(score_mod, backend, heads_q, q, k, v, bias)
     band = normalize_window(causal, window_size)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
-    out, lse = ops.attention_forward(
+    out, lse = ops.attention(
         q, k, v, layout, softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
         bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed, None, None, 0, 0, mask_key,
         score_key,

@@ -3,9 +3,10 @@
 Every public face ends here. The ops take q/k/v in the caller's layout ('bshd',
 'bhsd', or 'thd' for packed variable-length batches), view them as (batch, heads,
 seqlen, headdim) without copying, and hand the views (any strides) to a backend.
-Outputs are allocated contiguous in the caller's layout. Because the ops have fake
-implementations and registered autograd, ``torch.compile(fullgraph=True)`` traces
-through them without a graph break.
+Outputs are allocated contiguous in the caller's layout. The ops have fake
+implementations and their gradient lives in an autograd.Function around them
+(:func:`attention`), so ``torch.compile(fullgraph=True)`` traces through them without
+a graph break.
 """
 
 from __future__ import annotations
@@ -66,8 +67,22 @@ def _seed_value(seed: Optional[Tensor]) -> int:
     return int(seed.item()) if seed is not None else 0
 
 
-@torch.library.custom_op("flashtile::attention_forward", mutates_args=())
-def attention_forward(
+# The ops are defined with torch.library.define/impl, not the @custom_op decorator: the
+# decorator's Python wrapper cost ~40 µs per call (measured on the CPU, torch 2.13), as
+# much as the rest of the launch path (pytorch/pytorch#139500 tracks it).
+_LIBRARY = torch.library.Library("flashtile", "DEF")
+
+
+def _define(name: str, fn, fake):
+    """Register ``fn`` as ``flashtile::name`` for every device (the backend is an argument),
+    with ``fake`` as its meta implementation; returns the op to call."""
+    _LIBRARY.define(name + torch.library.infer_schema(fn, mutates_args=()))
+    _LIBRARY.impl(name, fn, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"flashtile::{name}", fake, lib=_LIBRARY)
+    return getattr(torch.ops.flashtile, name).default
+
+
+def _attention_forward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -119,15 +134,16 @@ def attention_forward(
     return out, lse
 
 
-@attention_forward.register_fake
-def _(q, k, v, layout, *args):
+def _attention_forward_fake(q, k, v, layout, *args):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, layout), dtype=_lse_dtype(q), device=q.device)
     return out, lse
 
 
-@torch.library.custom_op("flashtile::attention_backward", mutates_args=())
-def attention_backward(
+attention_forward = _define("attention_forward", _attention_forward, _attention_forward_fake)
+
+
+def _attention_backward(
     dout: Tensor,
     dlse: Optional[Tensor],
     q: Tensor,
@@ -189,40 +205,78 @@ def attention_backward(
     return dq, dk, dv, dbias.to(bias.dtype)
 
 
-@attention_backward.register_fake
-def _(dout, dlse, q, k, v, out, lse, layout, softmax_scale, window_left, window_right, softcap, alibi_slopes, backend,
-      allow_tf32, bias, dropout_p, dropout_seed, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask_key=None,
-      score_key=None, bias_requires_grad=False):
+def _attention_backward_fake(dout, dlse, q, k, v, out, lse, layout, softmax_scale, window_left, window_right, softcap,
+                             alibi_slopes, backend, allow_tf32, bias, dropout_p, dropout_seed, cu_seqlens_q,
+                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask_key=None, score_key=None,
+                             bias_requires_grad=False):
     dbias = torch.empty(bias.shape, dtype=bias.dtype, device=q.device) if bias_requires_grad else q.new_empty(0)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format), dbias)
 
 
+attention_backward = _define("attention_backward", _attention_backward, _attention_backward_fake)
+
+
 _BIAS_INPUT = 11  # position of ``bias`` among attention_forward's inputs
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, *options = inputs
-    out, lse = output
-    bias = inputs[_BIAS_INPUT]
-    ctx.save_for_backward(q, k, v, out, lse, bias)
-    ctx.options = options  # layout … max_seqlen_k, passed back unchanged (bias replaced below)
-    ctx.bias_requires_grad = bias is not None and ctx.needs_input_grad[_BIAS_INPUT]
-    mask_key, score_key = inputs[-2], inputs[-1]
-    # Both stay alive until the backward (the registries hold them weakly).
-    ctx.block_mask, ctx.score_mod = _named(mask_key, score_key)
+class _AttentionFunction(torch.autograd.Function):
+    """Autograd of ``attention_forward``, outside the op.
+
+    Not ``register_autograd``: torch runs ``fill_defaults`` on every call of an op that
+    has a ``setup_context``, and it is quadratic in the number of arguments (93 µs per
+    call at this op's 20, measured with torch 2.13; pytorch/pytorch#195110), which made
+    short problems launch-bound. An autograd.Function around the op is the pattern
+    PyTorch's custom-op maintainers recommend for low overhead, and torch.compile traces it.
+    """
+
+    @staticmethod
+    def forward(*inputs):
+        return attention_forward(*inputs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, *options = inputs
+        out, lse = output
+        bias = inputs[_BIAS_INPUT]
+        ctx.save_for_backward(q, k, v, out, lse, bias)
+        ctx.options = options  # layout … score_key, passed back unchanged (bias replaced below)
+        ctx.bias_requires_grad = bias is not None and ctx.needs_input_grad[_BIAS_INPUT]
+        # Both stay alive until the backward (the registries hold them weakly).
+        ctx.block_mask, ctx.score_mod = _named(options[-2], options[-1])
+        # An unused LSE (or output) then gives None, not a zero tensor to read: the
+        # backward skips the dLSE term instead of adding zeros.
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, bias = ctx.saved_tensors
+        if dout is None:  # only the LSE was used
+            dout = torch.zeros_like(out)
+        options = list(ctx.options)
+        options[_BIAS_INPUT - 3] = bias
+        dq, dk, dv, dbias = attention_backward(dout, dlse, q, k, v, out, lse, *options, ctx.bias_requires_grad)
+        # Only q, k, v and the bias are differentiable; every other input is an option.
+        grads = [dq, dk, dv] + [None] * len(options)
+        grads[_BIAS_INPUT] = dbias if ctx.bias_requires_grad else None
+        return tuple(grads)
 
 
-def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, bias = ctx.saved_tensors
-    options = list(ctx.options)
-    options[_BIAS_INPUT - 3] = bias
-    dq, dk, dv, dbias = attention_backward(dout, dlse, q, k, v, out, lse, *options, ctx.bias_requires_grad)
-    # Only q, k, v and the bias are differentiable; every other input is an option.
-    grads = [dq, dk, dv] + [None] * len(options)
-    grads[_BIAS_INPUT] = dbias if ctx.bias_requires_grad else None
-    return tuple(grads)
+def attention(q: Tensor, k: Tensor, v: Tensor, layout: str, softmax_scale: float, window_left: Optional[int],
+              window_right: Optional[int], softcap: float, alibi_slopes: Optional[Tensor], backend: str,
+              allow_tf32: bool, bias: Optional[Tensor], dropout_p: float, dropout_seed: Optional[Tensor],
+              cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+              mask_key: Optional[str] = None, score_key: Optional[str] = None) -> tuple[Tensor, Tensor]:
+    """``attention_forward`` (same arguments and outputs) with its gradient: the entry of every face.
 
-
-torch.library.register_autograd("flashtile::attention_forward", _backward, setup_context=_setup_context)
+    Without a tensor that needs a gradient the op is called directly (an
+    autograd.Function costs host time even when it records nothing).
+    """
+    inputs = (q, k, v, layout, softmax_scale, window_left, window_right, softcap, alibi_slopes, backend, allow_tf32,
+              bias, dropout_p, dropout_seed, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask_key,
+              score_key)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _AttentionFunction.apply(*inputs)
+    return attention_forward(*inputs)

@@ -87,7 +87,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     backend = select_backend(q.device, q.dtype)
     check_backend_limits(backend, q.dtype, headdim)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
-    out, _ = ops.attention_forward(
+    out, _ = ops.attention(
         q, k, v, "bhsd", softmax_scale, None, window_right, 0.0, None, backend,
         bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed, None, None, 0, 0, None,
     )

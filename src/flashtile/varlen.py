@@ -94,7 +94,7 @@ def flash_attn_varlen_func(
     check_backend_limits(backend, q.dtype, headdim)
     band = normalize_window(causal, window_size)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
-    out, lse = ops.attention_forward(
+    out, lse = ops.attention(
         q, k, v, "thd", softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
         bool(torch.backends.cuda.matmul.allow_tf32), None, float(dropout_p), seed, cu_seqlens_q, cu_seqlens_k,
         max_seqlen_q, max_seqlen_k, None,
