@@ -219,3 +219,29 @@ def test_gpu_kvcache(dtype, headdim, paged, monkeypatch):
              dtype=dtype, causal=True, rotary=(headdim, False))
     run_case(batch=2, seqlen_q=7, seqlen_new=7, heads_q=8, heads_kv=8, headdim=headdim, capacity=1024, paged=paged,
              page_size=64, dtype=dtype, causal=True, num_splits=5)
+
+
+@pytest.mark.parametrize("splits, headdim", [(2, 16), (7, 40), (33, 128)])
+def test_combine_kernel_follows_the_merge_rules(splits, headdim):
+    # The split-KV combine kernel against merge_attention_states (the eager merge, its
+    # rules tested in test_merge.py): empty splits (LSE -inf) weigh exactly 0 whatever
+    # their buffer holds, an all-empty row gives 0 and -inf, a NaN LSE gives NaN.
+    pytest.importorskip("triton")
+    from flashtile.kernels.decode_launch import combine_splits
+
+    batch, seqlen_q, heads = 2, 3, 4
+    outs = torch.randn(splits, batch, seqlen_q, heads, headdim, device=DEVICE)
+    lses = torch.randn(splits, batch, heads, seqlen_q, device=DEVICE) * 3
+    lses[0, 0, 0, 0] = float("-inf")
+    outs[0, 0, 0, 0] = float("nan")  # an empty split's unwritten row: never read
+    lses[:, 0, 1, 1] = float("-inf")  # every split empty on this row
+    lses[-1, 1, 2, 2] = float("nan")
+    out, lse = combine_splits(outs, lses, torch.float32)
+    want_out, want_lse = flashtile.merge_attention_states(outs, lses)
+    assert torch.equal(out[0, 1, 1], torch.zeros(headdim, device=DEVICE))
+    assert lse[0, 1, 1] == float("-inf")
+    assert out[1, 2, 2].isnan().all() and lse[1, 2, 2].isnan()
+    assert torch.equal(lse.isnan(), want_lse.isnan()) and torch.equal(out.isnan(), want_out.isnan())
+    finite = ~want_out.isnan()
+    assert max_error(out[finite], want_out[finite]) < 1e-5
+    assert max_error(lse[~want_lse.isnan()], want_lse[~want_lse.isnan()]) < 1e-5

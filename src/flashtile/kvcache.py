@@ -14,7 +14,8 @@ Shapes (flash-attn's):
 
 Causal masks are aligned bottom-right (query i of the new tokens sees the cache up to
 its own position). The attention splits the cache across programs (split-KV) and
-merges the parts by LSE; ``num_splits=0`` picks the number from the shapes and the GPU.
+merges the parts by LSE in one combine kernel; ``num_splits=0`` picks the number from the
+shapes and the GPU.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import torch
 
 from .backends import select_backend
 from .masks import Band, normalize_window
-from .merge import merge_attention_states
 from .reference.tiled import tiled_attention_forward
 from .rotary import apply_rotary
 from .validation import check_backend_limits, check_int32_tensor, check_on_device, check_options, check_tensor
@@ -197,16 +197,15 @@ def flash_attn_with_kvcache(
     backend = select_backend(device, q.dtype)
     check_backend_limits(backend, q.dtype, headdim)
     if backend == "triton":
-        from .kernels.decode_launch import decode_attention_triton
+        from .kernels.decode_launch import combine_splits, decode_attention_triton
 
         out_parts, lse_parts = decode_attention_triton(
             q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, softmax_scale, band,
             float(softcap), alibi_slopes, num_splits, bool(torch.backends.cuda.matmul.allow_tf32))
         if out_parts.shape[0] == 1:
-            out, lse = out_parts[0], lse_parts[0]
+            out, lse = out_parts[0].to(q.dtype), lse_parts[0]
         else:
-            out, lse = merge_attention_states(out_parts, lse_parts)
-        out = out.to(q.dtype)
+            out, lse = combine_splits(out_parts, lse_parts, q.dtype)
     else:
         out, lse = _reference_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table,
                                      softmax_scale, band, float(softcap), alibi_slopes)

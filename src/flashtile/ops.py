@@ -231,14 +231,12 @@ class _AttentionFunction(torch.autograd.Function):
     PyTorch's custom-op maintainers recommend for low overhead, and torch.compile traces it.
     """
 
+    # forward(ctx, ...) rather than a separate setup_context: with one, Function.apply
+    # binds the arguments through inspect.signature on every call (~30 µs, torch 2.13).
     @staticmethod
-    def forward(*inputs):
-        return attention_forward(*inputs)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
+    def forward(ctx, *inputs):
+        out, lse = attention_forward(*inputs)
         q, k, v, *options = inputs
-        out, lse = output
         bias = inputs[_BIAS_INPUT]
         ctx.save_for_backward(q, k, v, out, lse, bias)
         ctx.options = options  # layout … score_key, passed back unchanged (bias replaced below)
@@ -248,6 +246,7 @@ class _AttentionFunction(torch.autograd.Function):
         # An unused LSE (or output) then gives None, not a zero tensor to read: the
         # backward skips the dLSE term instead of adding zeros.
         ctx.set_materialize_grads(False)
+        return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):

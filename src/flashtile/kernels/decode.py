@@ -115,3 +115,45 @@ def _decode_kernel(
              + head[:, None] * stride_oh + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LsePartial + split.to(tl.int64) * stride_ls + batch.to(tl.int64) * stride_lb + head * stride_lh + token,
              lse, mask=row_ok)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    OutPartial, LsePartial, Out, Lse,
+    stride_os, stride_ob, stride_om, stride_oh,
+    stride_ls, stride_lb, stride_lh,
+    stride_out_b, stride_out_m, stride_out_h,
+    stride_lse_b, stride_lse_h,
+    seqlen_q, heads_q, num_splits,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, SPLITS_PADDED: tl.constexpr,
+):
+    """Merge the splits' partial results of one (batch, query token, query head) row by LSE.
+
+    One launch instead of a chain of elementwise torch ops (at 33 splits, ~130 of them):
+    decoding a small batch is otherwise bound by the host. The rules of
+    ``merge_attention_states``: a split with LSE -inf (it saw no key) gets weight exactly
+    0; a row where every split is empty gives out 0 and LSE -inf; a NaN or +inf LSE gives NaN.
+    """
+    row = tl.program_id(0)
+    head = row % heads_q
+    token = (row // heads_q) % seqlen_q
+    batch = row // (heads_q * seqlen_q)
+    offs_s = tl.arange(0, SPLITS_PADDED)
+    s_ok = offs_s < num_splits
+    lse = tl.load(LsePartial + offs_s * stride_ls + batch.to(tl.int64) * stride_lb + head * stride_lh + token,
+                  mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # every split empty: any finite shift
+    w = tl.exp(lse - m_safe)  # 0 for an empty split; NaN from a NaN or +inf LSE propagates
+    total = tl.sum(w, 0)
+    p = w / tl.where(total > 0, total, 1.0)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    d_ok = offs_d < HEAD_DIM
+    # An empty split's rows are not read (its output is 0 by convention, whatever the buffer holds).
+    parts = tl.load(OutPartial + offs_s[:, None].to(tl.int64) * stride_os + batch.to(tl.int64) * stride_ob
+                    + token * stride_om + head * stride_oh + offs_d[None, :],
+                    mask=(s_ok & (lse != float("-inf")))[:, None] & d_ok[None, :], other=0.0)
+    out = tl.sum(parts * p[:, None], 0)
+    tl.store(Out + batch.to(tl.int64) * stride_out_b + token * stride_out_m + head * stride_out_h + offs_d,
+             out.to(Out.dtype.element_ty), mask=d_ok)
+    tl.store(Lse + batch * stride_lse_b + head * stride_lse_h + token, m_safe + tl.log(total))

@@ -9,7 +9,7 @@ import triton
 
 from ..masks import Band
 from .configs import interpreting
-from .decode import _decode_kernel
+from .decode import _combine_splits_kernel, _decode_kernel
 from .launch import _alibi_args, _dot_precision, _padded_head_dim, _qk_scale
 
 
@@ -18,11 +18,11 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# Programs per SM the split aims for. Decoding is a stream of K/V reads: an SM needs
-# several programs in flight to keep enough loads outstanding. On the H200 (132 SMs),
-# grids of ~1024 programs read K/V at the copy ceiling, while 256 programs (batch 32,
-# 8 KV heads, one split) read 55-86% of it paged and 67-101% contiguous (docs/performance.md).
-PROGRAMS_PER_SM = 8
+# Programs per SM the split aims for. Measured on the H200 (132 SMs, docs/performance.md,
+# attempt 5): at batch 32 with 8 KV heads (256 programs), 2 (one split) read K/V at
+# 2.84-4.30 TB/s contiguous, while 8 (four splits) read 0.82-3.83 TB/s in every such cell;
+# batch 128 (1024 programs, one split either way) reads at the copy ceiling with both.
+PROGRAMS_PER_SM = 2
 
 
 def choose_num_splits(batch: int, heads_kv: int, m_blocks: int, max_keys: int, device: torch.device) -> int:
@@ -101,5 +101,28 @@ def decode_attention_triton(
         HAS_BATCH_IDX=cache_batch_idx is not None, HAS_LEFTPAD=cache_leftpad is not None,
         DOT_PRECISION=_dot_precision(q.dtype, allow_tf32),
         num_warps=1 if interpreting() else 4, num_stages=1 if interpreting() else 3,
+    )
+    return out, lse
+
+
+def combine_splits(out_parts: torch.Tensor, lse_parts: torch.Tensor, dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge the splits of :func:`decode_attention_triton` in one launch.
+
+    out_parts (splits, B, Sq, Hq, D) float32, lse_parts (splits, B, Hq, Sq) float32 →
+    out (B, Sq, Hq, D) in ``dtype``, LSE (B, Hq, Sq) float32.
+    """
+    splits, batch, seqlen_q, heads_q, head_dim = out_parts.shape
+    out = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device=out_parts.device)
+    lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=out_parts.device)
+    _combine_splits_kernel[(batch * seqlen_q * heads_q,)](
+        out_parts, lse_parts, out, lse,
+        out_parts.stride(0), out_parts.stride(1), out_parts.stride(2), out_parts.stride(3),
+        lse_parts.stride(0), lse_parts.stride(1), lse_parts.stride(2),
+        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+        seqlen_q, heads_q, splits,
+        HEAD_DIM=head_dim, HEAD_DIM_PADDED=_padded_head_dim(head_dim),
+        SPLITS_PADDED=max(2, triton.next_power_of_2(splits)),
+        num_warps=1 if interpreting() else 4,
     )
     return out, lse
