@@ -84,7 +84,10 @@ def flash_attn_varlen_func(
     max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, q.shape[0], None, max_seqlen_q, "max_seqlen_q")
     batch = cu_seqlens_q.shape[0] - 1
-    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, k.shape[0], batch, max_seqlen_k, "max_seqlen_k")
+    # Self-attention passes one offsets tensor twice: its device checks (about ten small
+    # kernels, each a host round trip) need not run again.
+    if not (cu_seqlens_k is cu_seqlens_q and k.shape[0] == q.shape[0] and max_seqlen_k == max_seqlen_q):
+        _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, k.shape[0], batch, max_seqlen_k, "max_seqlen_k")
     softmax_scale = check_options(
         headdim=headdim, batch=batch, heads_q=heads_q, device=q.device, softmax_scale=softmax_scale,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
