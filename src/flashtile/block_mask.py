@@ -113,6 +113,10 @@ def create_block_mask(mask, batch: int = 1, heads: int = 1, seqlen_q: int = 1, s
 _names: OpNames[BlockMask] = OpNames("block mask")
 
 
+# Under torch.compile, Dynamo runs this while tracing and bakes the name into the graph
+# (a constant result): registering is Python the graph cannot hold. The graph guards on
+# the object, so another object recompiles (tests/test_mask_mods.py).
+@torch.compiler.assume_constant_result
 def register(block_mask: BlockMask) -> str:
     """A name the custom ops can carry (see :mod:`flashtile.op_names`)."""
     return _names.register(block_mask, "blockmask")

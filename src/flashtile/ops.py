@@ -241,8 +241,10 @@ class _AttentionFunction(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse, bias)
         ctx.options = options  # layout … score_key, passed back unchanged (bias replaced below)
         ctx.bias_requires_grad = bias is not None and ctx.needs_input_grad[_BIAS_INPUT]
-        # Both stay alive until the backward (the registries hold them weakly).
-        ctx.block_mask, ctx.score_mod = _named(options[-2], options[-1])
+        # Both stay alive until the backward (the registries hold them weakly). Not while
+        # torch.compile traces: the compiled graph carries only their names.
+        if not torch.compiler.is_compiling():
+            ctx.block_mask, ctx.score_mod = _named(options[-2], options[-1])
         # An unused LSE (or output) then gives None, not a zero tensor to read: the
         # backward skips the dLSE term instead of adding zeros.
         ctx.set_materialize_grads(False)
