@@ -219,13 +219,17 @@ def alibi_score(slopes: torch.Tensor) -> ScoreMod:
     return dataclasses.replace(mod, per_head_buffer=True)
 
 
-# Under torch.compile, Dynamo runs this while tracing and bakes the name into the graph
-# (a constant result): registering is Python the graph cannot hold. The graph guards on
-# the object, so another object recompiles (tests/test_mask_mods.py).
-@torch.compiler.assume_constant_result
 def register(mod: ScoreMod) -> str:
     """A name the custom ops can carry; the modifier stays registered while it is alive."""
     return _names.register(mod, mod.name)
+
+
+# Under torch.compile, Dynamo runs register while tracing and bakes the name into the
+# graph (a constant result): registering is Python a graph cannot hold. The graph guards
+# on the object, so another object recompiles (tests/test_mask_mods.py). This is what
+# torch.compiler.assume_constant_result sets; calling that here would import torch._dynamo
+# (and with it Triton) whenever flashtile is imported.
+register._dynamo_marked_constant = True
 
 
 def lookup(key: str) -> ScoreMod:
