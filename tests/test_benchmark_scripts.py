@@ -34,3 +34,14 @@ def test_benchmark_script_runs_on_the_cpu(name):
     for line in expected_lines:
         assert line in done.stdout, f"{name}: {line!r} missing from\n{done.stdout}"
 
+
+
+def test_speed_table_plot_draws_the_committed_table(tmp_path):
+    # The README's performance plot comes from this script and a committed speed table.
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "speed.png"
+    done = subprocess.run([sys.executable, "plot_speed_table.py", "results/2026-11-29-h200-issue3.json",
+                           "--out", str(out), "--title", "test"], cwd=BENCHMARKS, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
