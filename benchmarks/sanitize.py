@@ -24,5 +24,16 @@ table = torch.randperm(12, device="cuda")[:8].view(2, 4).to(torch.int32)
 flashtile.flash_attn_with_kvcache(torch.randn(2, 3, 4, 64, device="cuda", dtype=torch.float16), kc, kc.clone(),
                                   block_table=table, cache_seqlens=torch.tensor([50, 7], dtype=torch.int32,
                                                                                device="cuda"), causal=True)
+# Split-KV decoding with its combine kernel (three splits of a 50-token cache).
+flashtile.flash_attn_with_kvcache(torch.randn(2, 1, 4, 64, device="cuda", dtype=torch.float16), kc, kc.clone(),
+                                  block_table=table, cache_seqlens=torch.tensor([50, 7], dtype=torch.int32,
+                                                                               device="cuda"), num_splits=3)
+# Block-sparse kernels: a document mask (partial and full tiles) with a score_mod.
+ids = torch.tensor([0] * 30 + [1] * 45, dtype=torch.int32, device="cuda")
+mask = flashtile.mask_mods.and_masks(flashtile.mask_mods.causal_mask(), flashtile.mask_mods.document_mask(ids))
+qm = torch.randn(1, 75, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+block_mask = flashtile.create_block_mask(mask, 1, 1, 75, 75, device="cuda", block_m=32, block_n=32)
+flashtile.attention(qm, qm, qm, block_mask=block_mask,
+                    score_mod=flashtile.score_mods.softcap_score(20.0)).sum().backward()
 torch.cuda.synchronize()
 print("sanitize: all kernels ran")
