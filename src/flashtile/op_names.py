@@ -3,7 +3,8 @@
 ``torch.library`` custom ops take tensors, numbers and strings only, so a block mask or
 a score modifier crosses into ``flashtile::attention_forward``/``_backward`` as a key
 into a registry. The registry holds objects weakly: an object stays findable while the
-caller (and the autograd graph, through ``setup_context``) keeps it alive.
+caller (and the autograd graph, through the context of ``ops._AttentionFunction``) keeps
+it alive.
 """
 
 from __future__ import annotations
