@@ -60,7 +60,9 @@ def _grads_against_oracle(case: Case):
 # Found by the property tests; check_case judges such gradients against "the oracle
 # given the stored out" (tests/test_properties.py, _rounding_of_d).
 
-ONE_KEY_FP16_DROPOUT = Case("attention", 1, 1, 1, 1, 1, 16, "float16", dropout_p=0.3, dropout_seed=2, data_seed=2)
+# dropout_seed keeps the one key (seed 2 did under the four-columns-per-call keep mask and
+# drops it under the current one: the row is then empty and the gap does not show).
+ONE_KEY_FP16_DROPOUT = Case("attention", 1, 1, 1, 1, 1, 16, "float16", dropout_p=0.3, dropout_seed=3, data_seed=2)
 
 
 def test_one_key_row_float16_gradients_match_the_oracle_given_the_stored_output(backend):

@@ -2,10 +2,12 @@
 
 Dropout never stores its N×N keep-mask: each (batch·head, row, column) draws its own
 random number from a counter-based generator, so the backward can regenerate the
-mask tile by tile. The counter is ``(column // 4, row, batch·heads_q + head, 0)``, the
-key is the 64-bit seed, and column c takes the call's output c % 4, exactly as
-``_dropout_keep`` in ``flashtile.kernels.common`` computes it with ``tl.philox``; this
-PyTorch version lets the reference backend and the oracle use the very same mask.
+mask tile by tile. The counter is ``(column // 8, row, batch·heads_q + head, 0)``, the
+key is the 64-bit seed; column c takes 16 bits of the call's output (c % 8) // 2, the
+low half for even c, the high half for odd c, and is kept when they are at least
+p · 65536 — exactly as ``_dropout_keep`` in ``flashtile.kernels.common`` computes it with
+``tl.philox``. This PyTorch version lets the reference backend and the oracle use the
+very same mask.
 """
 
 from __future__ import annotations
@@ -37,23 +39,20 @@ def philox4x32(seed: int, c0, c1, c2, c3, rounds: int = 10):
     return c0, c1, c2, c3
 
 
-def uniform_from_uint32(x: torch.Tensor) -> torch.Tensor:
-    """Triton's ``uint_to_uniform_float``: a uint32 to a float32 in [0, 1)."""
-    signed = torch.where(x >= 2**31, x - 2**32, x)  # reinterpret as int32
-    signed = torch.where(signed < 0, -signed - 1, signed)
-    return signed.to(torch.float32) * 4.6566127342e-10
-
-
 def dropout_keep(seed: int, bh: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, dropout_p: float):
     """Keep-mask for the broadcast of ``bh``, ``rows``, ``cols`` (int tensors): True = kept.
 
-    Column c takes output c % 4 of the Philox call with counter (c // 4, row, bh, 0).
+    Column c takes the 16 bits (c % 2 = 0: low, 1: high) of output (c % 8) // 2 of the
+    Philox call with counter (c // 8, row, bh, 0); it is kept when they are >= p · 65536,
+    compared in float32 as the kernels do (p is a float32 kernel argument there).
     """
     bh, rows, cols = torch.broadcast_tensors(bh.long(), rows.long(), cols.long())
-    outs = philox4x32(seed, (cols // 4) & _MASK32, rows & _MASK32, bh & _MASK32, torch.zeros_like(cols))
-    lane = cols % 4
+    outs = philox4x32(seed, (cols // 8) & _MASK32, rows & _MASK32, bh & _MASK32, torch.zeros_like(cols))
+    lane = (cols % 8) // 2
     r = torch.where(lane == 0, outs[0], torch.where(lane == 1, outs[1], torch.where(lane == 2, outs[2], outs[3])))
-    return uniform_from_uint32(r) >= dropout_p
+    half = torch.where(cols % 2 == 0, r & 0xFFFF, r >> 16)
+    threshold = torch.tensor(dropout_p, dtype=torch.float32) * 65536.0  # exact: a power-of-two scale
+    return half.to(torch.float32) >= threshold.to(half.device)
 
 
 def dropout_keep_mask(seed: int, dropout_p: float, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int,
