@@ -40,7 +40,7 @@ case ${1:-tests} in
   verify)
     # Session 3 changed the host path (ops registration, decode combine kernel) after its
     # last GPU call: these are the cases where the host shows.
-    step env timeout 40 python3 benchmarks/launch_overhead.py > "$OUT/launch.log" 2>&1
+    step env timeout 90 python3 benchmarks/launch_overhead.py > "$OUT/launch.log" 2>&1
     step env timeout 40 python3 benchmarks/speed_table.py --headdims 64 128 --seqlens 1024 4096 \
       --impls flashtile sdpa-flash sdpa-cudnn > "$OUT/speed.log" 2>&1
     for p in 2 8; do

@@ -1,8 +1,9 @@
 """Host (CPU) cost of one attention call against its GPU time: is a short problem launch-bound?
 
-At seqlen 1k the d128 forward runs for ~0.1 ms on an H200; if the Python path from
-``flashtile.attention`` to the kernel launch costs as much, the GPU waits on the host and
-the speed table measures the host. Three figures per problem, forward only:
+At seqlen 1k the d128 forward of 16k tokens runs for ~0.3 ms on an H200; when the Python
+path from ``flashtile.attention`` to the kernel launch costs as much, the GPU waits on the
+host and the speed table measures the host. The same holds for a varlen batch and for
+decoding, which adds checks of its index tensors. Three figures per call, forward only:
 
 - ``host``: wall time per call while the GPU is kept busy by a sleep kernel queued first,
   so calls are only enqueued (the host's own cost);
@@ -13,7 +14,8 @@ the speed table measures the host. Three figures per problem, forward only:
 
     python benchmarks/launch_overhead.py
     PYTHONPATH=.old/src python benchmarks/launch_overhead.py   # an older tree, for comparison
-    python benchmarks/launch_overhead.py --device cpu --seqlen 64 --batch 2   # smoke test (host only)
+    python benchmarks/launch_overhead.py --device cpu --seqlen 64 --batch 2 --varlen 2 32 --decode-batches 2 \
+        --cache 256   # smoke test (host only)
 """
 
 from __future__ import annotations
@@ -66,32 +68,68 @@ def graph_ms(fn) -> float:
     return median_ms(graph.replay, "cuda")
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--seqlen", type=int, nargs="+", default=[1024, 4096])
-    p.add_argument("--batch", type=int, default=None, help="default: 16384 tokens / seqlen")
-    args = p.parse_args(argv)
-    device = torch.device(args.device)
-    print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}: bf16, 16 heads, headdim 128, "
-          f"forward, ms per call")
-    print(f"{'N':>6} {'causal':>6} {'grad':>5} | {'host':>7} {'timed':>7} {'graph':>7}")
+def report(label: str, fn, device: torch.device, graphable: bool) -> None:
+    fn()
+    host = host_ms_per_call(fn, device)
+    timed = median_ms(fn, device)
+    graph = graph_ms(fn) if device.type == "cuda" and graphable else float("nan")
+    print(f"{label:34s} | {host:7.3f} {timed:7.3f} {graph:7.3f}", flush=True)
+
+
+def dense_cases(args, device):
     for seqlen in args.seqlen:
         batch = args.batch or max(1, 16384 // seqlen)
         for causal in (False, True):
             for grad in (False, True):  # with requires_grad the call also goes through autograd
                 q, k, v = (torch.randn(batch, 16, seqlen, 128, device=device, dtype=torch.bfloat16,
                                        requires_grad=grad) for _ in range(3))
+                yield (f"dense N={seqlen} causal={causal} grad={grad}",
+                       lambda q=q, k=k, v=v, causal=causal: flashtile.attention(q, k, v, causal=causal, layout="bhsd"),
+                       not grad)
 
-                def fn():
-                    return flashtile.attention(q, k, v, causal=causal, layout="bhsd")
 
-                fn()
-                host = host_ms_per_call(fn, device)
-                timed = median_ms(fn, device)
-                graph = graph_ms(fn) if device.type == "cuda" and not grad else float("nan")
-                print(f"{seqlen:6d} {str(causal):>6} {str(grad):>5} | {host:7.3f} {timed:7.3f} {graph:7.3f}",
-                      flush=True)
+def varlen_cases(args, device):
+    # variants.py's varlen row: equal sequences packed, against the dense batch of the same tokens.
+    seqs, seqlen = args.varlen
+    cu = torch.arange(0, (seqs + 1) * seqlen, seqlen, dtype=torch.int32, device=device)
+    for grad in (False, True):
+        q, k, v = (torch.randn(seqs * seqlen, 16, 128, device=device, dtype=torch.bfloat16, requires_grad=grad)
+                   for _ in range(3))
+        yield (f"varlen {seqs}x{seqlen} causal grad={grad}",
+               lambda q=q, k=k, v=v: flashtile.flash_attn_varlen_func(q, k, v, cu, cu, seqlen, seqlen, causal=True),
+               not grad)
+
+
+def decode_cases(args, device):
+    for batch in args.decode_batches:  # one new token against an 8k cache, 32 query heads over 8 KV heads
+        q = torch.randn(batch, 1, 32, 128, device=device, dtype=torch.bfloat16)
+        cache = torch.randn(batch, args.cache, 8, 128, device=device, dtype=torch.bfloat16)
+        lens = torch.full((batch,), args.cache, dtype=torch.int32, device=device)
+        yield (f"decode B={batch} cache={args.cache}",
+               lambda q=q, cache=cache, lens=lens: flashtile.flash_attn_with_kvcache(q, cache, cache,
+                                                                                    cache_seqlens=lens),
+               True)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--seqlen", type=int, nargs="+", default=[1024, 4096])
+    p.add_argument("--batch", type=int, default=None, help="default: 16384 tokens / seqlen")
+    p.add_argument("--varlen", type=int, nargs=2, default=[8, 2048], metavar=("SEQS", "SEQLEN"))
+    p.add_argument("--decode-batches", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--cache", type=int, default=8192)
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}: bf16, headdim 128, forward, "
+          f"ms per call")
+    print(f"{'case':34s} | {'host':>7} {'timed':>7} {'graph':>7}")
+    for cases in (dense_cases, varlen_cases, decode_cases):
+        try:
+            for label, fn, graphable in cases(args, device):
+                report(label, fn, device, graphable)
+        except AttributeError as err:  # an older tree (PYTHONPATH=old/src) without this face
+            print(f"{cases.__name__}: not in this flashtile ({err})")
 
 
 if __name__ == "__main__":

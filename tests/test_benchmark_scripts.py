@@ -15,8 +15,10 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SMOKE_RUNS = {
     "decode": (["decode.py", "--device", "cpu", "--batches", "2", "--cache", "512", "--heads", "16", "--no-flex"],
                ["copy ceiling:", "   2    512   16:8"]),
-    "launch_overhead": (["launch_overhead.py", "--device", "cpu", "--seqlen", "64", "--batch", "2"],
-                        ["    64  False False |", "    64   True  True |"]),
+    "launch_overhead": (["launch_overhead.py", "--device", "cpu", "--seqlen", "64", "--batch", "2", "--varlen", "2",
+                         "32", "--decode-batches", "2", "--cache", "256"],
+                        ["dense N=64 causal=False grad=False", "dense N=64 causal=True grad=True",
+                         "varlen 2x32 causal grad=True", "decode B=2 cache=256"]),
     "masks": (["masks.py", "--device", "cpu", "--seqlen", "256", "--docs", "2", "--no-flex"],
               ["built-in causal", "mask_mod causal", "document mask (2 docs)"]),
     "variants": (["variants.py", "--device", "cpu", "--seqlen", "256", "--window", "32", "--varlen", "2", "64"],
