@@ -72,8 +72,13 @@ def report(label: str, fn, device: torch.device, graphable: bool) -> None:
     fn()
     host = host_ms_per_call(fn, device)
     timed = median_ms(fn, device)
-    graph = graph_ms(fn) if device.type == "cuda" and graphable else float("nan")
-    print(f"{label:34s} | {host:7.3f} {timed:7.3f} {graph:7.3f}", flush=True)
+    graph, note = float("nan"), ""
+    if device.type == "cuda" and graphable:
+        try:
+            graph = graph_ms(fn)
+        except RuntimeError as err:  # a call that cannot be captured: say so, keep the other figures
+            note = f"  (no graph: {str(err).splitlines()[0][:60]})"
+    print(f"{label:34s} | {host:7.3f} {timed:7.3f} {graph:7.3f}{note}", flush=True)
 
 
 def dense_cases(args, device):
