@@ -41,7 +41,8 @@ def test_configs_fit_shared_memory(h200, head_dim, dtype, bias_dtype, blocks, dr
         fwd = configs.forward_config(head_dim, dtype, causal, h200, **fit)
         dkdv, dq = configs.backward_configs(head_dim, dtype, causal, h200, **fit)
         if blocks is not None:
-            assert all((c.BLOCK_M, c.BLOCK_N) == blocks for c in (fwd, dkdv, dq))
+            assert all((c.BLOCK_M, c.BLOCK_N) == blocks for c in (fwd, dq))
+            assert (dkdv.BLOCK_N, dkdv.BLOCK_M) == blocks
         for cfg, streams_keys, resident in ((fwd, True, 1), (dkdv, False, 2), (dq, True, 2)):
             need = _smem_bytes(cfg, head_dim, elem, streams_keys, resident, bias_elem, dropout)
             if blocks is None:  # the table's own tiles always fit
@@ -77,7 +78,8 @@ def test_an_override_keeps_the_block_masks_tiles(h200):
         fwd = configs.forward_config(64, torch.bfloat16, True, h200, blocks=(32, 64))
         dkdv, dq = configs.backward_configs(64, torch.bfloat16, True, h200, blocks=(32, 64))
         plain = configs.forward_config(64, torch.bfloat16, True, h200)
-    assert all((c.BLOCK_M, c.BLOCK_N, c.num_warps) == (32, 64, 1) for c in (fwd, dkdv, dq))
+    assert all((c.BLOCK_M, c.BLOCK_N, c.num_warps) == (32, 64, 1) for c in (fwd, dq))
+    assert (dkdv.BLOCK_M, dkdv.BLOCK_N, dkdv.num_warps) == (64, 32, 1)  # the dK/dV pass runs them transposed
     assert (plain.BLOCK_M, plain.BLOCK_N) == (16, 16)
 
 

@@ -25,11 +25,16 @@ def every_other_head_causal(b, h, q_idx, kv_idx):
     return (q_idx >= kv_idx) | (h % 2 == 1)
 
 
-def check_mask(mask, seqlen_q=37, seqlen_k=37, heads_q=4, heads_kv=2, headdim=16, batch=2):
+def check_mask(mask, seqlen_q=37, seqlen_k=37, heads_q=4, heads_kv=2, headdim=16, batch=2, blocks=None):
+    """Forward and gradients against the oracle; ``blocks`` = (block_m, block_n) builds the
+    block mask with those tiles (default: the one attention() builds on the fly)."""
     q = torch.randn(batch, seqlen_q, heads_q, headdim, device=DEVICE, requires_grad=True)
     k = torch.randn(batch, seqlen_k, heads_kv, headdim, device=DEVICE, requires_grad=True)
     v = torch.randn(batch, seqlen_k, heads_kv, headdim, device=DEVICE, requires_grad=True)
-    out = flashtile.attention(q, k, v, mask_mod=mask)
+    block_mask = None
+    if blocks is not None:
+        block_mask = flashtile.create_block_mask(mask, batch, heads_q, seqlen_q, seqlen_k, DEVICE, *blocks)
+    out = flashtile.attention(q, k, v, mask_mod=mask, block_mask=block_mask)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     visible = dense_mask(mask_mod(mask), batch, heads_q, seqlen_q, seqlen_k, DEVICE)
@@ -59,6 +64,21 @@ def test_document_mask(backend):
 
 def test_q_and_k_lengths_differ(backend):
     check_mask(prefix_lm_mask(30), seqlen_q=21, seqlen_k=45)
+
+
+@pytest.mark.parametrize("blocks", [(32, 16), (16, 32)], ids=["32x16", "16x32"])
+def test_rectangular_tiles_match_oracle(backend, blocks):
+    # The dK/dV pass runs a block mask's tiles transposed (BlockMask.dkdv_blocks), with
+    # its own tile lists: rectangular tiles are where that could go wrong.
+    check_mask(and_masks(causal_mask(), sliding_window_mask(20)), seqlen_q=45, seqlen_k=70, blocks=blocks)
+
+
+def test_dkdv_lists_use_the_transposed_tiling():
+    bm = flashtile.create_block_mask(causal_mask(), seqlen_q=64, seqlen_k=64, block_m=32, block_n=16)
+    assert bm.dkdv_blocks == (16, 32)
+    # Per K/V tile of 32 keys, the Q tiles of 16 queries that see it: causal over 4 × 2.
+    assert bm.q_indices.shape[-2:] == (2, 4) and bm.kv_indices.shape[-2:] == (2, 4)
+    assert bm.q_count[0, 0].tolist() == [4, 2] and bm.q_partial[0, 0].tolist() == [2, 2]
 
 
 def test_block_mask_classifies_tiles():

@@ -12,7 +12,14 @@ Layout (B and H are 1 when the mask does not depend on them)::
     kv_indices    (B, H, num_q_tiles, num_kv_tiles) int32: partial tiles first, then full
     kv_partial    (B, H, num_q_tiles) int32: how many of them are partial
     kv_count      (B, H, num_q_tiles) int32: how many are visited in all
-    q_indices, q_partial, q_count: the same per K/V tile (the backward's dK/dV pass)
+    q_indices, q_partial, q_count: the same per K/V tile, for the backward's dK/dV pass,
+                  on the transposed tiling: K/V tiles of BLOCK_M keys, Q tiles of BLOCK_N
+                  queries (``dkdv_blocks``)
+
+The dK/dV kernel holds a K/V tile and streams Q tiles past it; its tuned shape on the
+H200 is few Q rows past many K/V rows (64 × 128 at d128), the forward's tiles transposed.
+With the forward's tiling it ran 128 × 64, and the masked backward cost 1.68× the
+built-in causal one (docs/performance.md, session 3).
 """
 
 from __future__ import annotations
@@ -41,6 +48,11 @@ class BlockMask:
     q_indices: torch.Tensor
     q_partial: torch.Tensor
     q_count: torch.Tensor
+
+    @property
+    def dkdv_blocks(self) -> tuple[int, int]:
+        """(Q rows, K/V rows) per tile of the dK/dV pass: the forward's tiles transposed."""
+        return self.block_n, self.block_m
 
     @property
     def visited_fraction(self) -> float:
@@ -85,7 +97,10 @@ def _lists(kinds: torch.Tensor):
 def _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, device):
     kinds = _classify(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, device)
     kv = _lists(kinds)
-    q = _lists(kinds.transpose(2, 3))
+    # The dK/dV pass tiles queries by block_n and keys by block_m (see dkdv_blocks).
+    transposed = kinds if block_m == block_n else _classify(mask, batch, heads, seqlen_q, seqlen_k, block_n,
+                                                             block_m, device)
+    q = _lists(transposed.transpose(2, 3))
     return BlockMask(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, *kv, *q)
 
 

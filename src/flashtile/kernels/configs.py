@@ -117,11 +117,14 @@ def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool, device: to
                      blocks: tuple[int, int] | None = None, dropout: bool = False) -> tuple[KernelConfig, KernelConfig]:
     """Configs of ``_bwd_dkdv_kernel`` and ``_bwd_dq_kernel`` (they stream different tiles);
     ``bias_elem``, ``blocks`` and ``dropout`` as in :func:`forward_config`."""
+    # A block mask tiles the dK/dV pass transposed (BlockMask.dkdv_blocks): Q rows by its
+    # block_n, K/V rows by its block_m.
+    dkdv_blocks = (blocks[1], blocks[0]) if blocks is not None else None
     if _override["backward"] is not None:
         dkdv, dq = _override["backward"]
-        return _with_blocks(dkdv, blocks), _with_blocks(dq, blocks)
+        return _with_blocks(dkdv, dkdv_blocks), _with_blocks(dq, blocks)
     if interpreting() or device.type != "cuda":
-        return _with_blocks(INTERPRETER_CONFIG, blocks), _with_blocks(INTERPRETER_CONFIG, blocks)
+        return _with_blocks(INTERPRETER_CONFIG, dkdv_blocks), _with_blocks(INTERPRETER_CONFIG, blocks)
     (major, _), smem = device_limits(device.index if device.index is not None else torch.cuda.current_device())
     elem = 4 if dtype == torch.float32 else 2
     if dtype == torch.float32:
@@ -136,6 +139,6 @@ def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool, device: to
             dkdv = dq = KernelConfig(32, 64, 4, 1)
     else:
         dkdv = dq = KernelConfig(64, 64, 4, 2) if head_dim <= 64 else KernelConfig(32, 64, 4, 1)
-    dkdv, dq = _with_blocks(dkdv, blocks), _with_blocks(dq, blocks)
+    dkdv, dq = _with_blocks(dkdv, dkdv_blocks), _with_blocks(dq, blocks)
     return (_fit(dkdv, head_dim, elem, smem, streams_keys=False, bias_elem=bias_elem, dropout=dropout),
             _fit(dq, head_dim, elem, smem, bias_elem=bias_elem, dropout=dropout))
