@@ -32,7 +32,8 @@ flashtile.flash_attn_with_kvcache(torch.randn(2, 1, 4, 64, device="cuda", dtype=
 ids = torch.tensor([0] * 30 + [1] * 45, dtype=torch.int32, device="cuda")
 mask = flashtile.mask_mods.and_masks(flashtile.mask_mods.causal_mask(), flashtile.mask_mods.document_mask(ids))
 qm = torch.randn(1, 75, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-block_mask = flashtile.create_block_mask(mask, 1, 1, 75, 75, device="cuda", block_m=32, block_n=32)
+# Rectangular tiles: the dK/dV pass then runs its own transposed lists (BlockMask.dkdv_blocks).
+block_mask = flashtile.create_block_mask(mask, 1, 1, 75, 75, device="cuda", block_m=64, block_n=32)
 flashtile.attention(qm, qm, qm, block_mask=block_mask,
                     score_mod=flashtile.score_mods.softcap_score(20.0)).sum().backward()
 torch.cuda.synchronize()

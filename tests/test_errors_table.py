@@ -290,7 +290,10 @@ ROWS = [
         "cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32))", ValueError,
         "cache_batch_idx: expected rows in [0, 2) (the cache's batch)"),
     Row("KV cache", "num_splits negative", "flash_attn_with_kvcache(q[:, :1], k_cache, v_cache, num_splits=-1)",
-        ValueError, "num_splits: expected an int >= 0 (0 = choose), got -1"),
+        ValueError, "num_splits: expected an int in [0, 128] (0 = choose), got -1"),
+    Row("KV cache", "num_splits above the combine kernel's limit",
+        "flash_attn_with_kvcache(q[:, :1], k_cache, v_cache, num_splits=1000)",
+        ValueError, "num_splits: expected an int in [0, 128] (0 = choose), got 1000"),
     # -- SDPA face ------------------------------------------------------------------------
     Row("SDPA face", "attn_mask together with is_causal",
         "scaled_dot_product_attention(qt, kt, vt, attn_mask=torch.ones(8, 8, dtype=torch.bool), is_causal=True)",

@@ -190,7 +190,7 @@ def test_rotary_matches_plain_formula():
     (dict(block_table=torch.zeros(3, 2, dtype=torch.int32), paged=True), ValueError, r"^block_table: expected shape"),
     (dict(cache_batch_idx=torch.tensor([0, 5], dtype=torch.int32)), ValueError,
      r"^cache_batch_idx: expected rows in \[0, 2\)"),
-    (dict(num_splits=-1), ValueError, r"^num_splits: expected an int >= 0"),
+    (dict(num_splits=-1), ValueError, r"^num_splits: expected an int in \[0, 128\]"),
     (dict(k_only=True), ValueError, r"^k, v: give both"),
 ])
 def test_bad_kvcache_arguments(kwargs, error, match):

@@ -28,6 +28,8 @@ from .reference.tiled import tiled_attention_forward
 from .rotary import apply_rotary
 from .validation import check_backend_limits, check_int32_tensor, check_on_device, check_options, check_tensor
 
+MAX_SPLITS = 128  # the automatic choice (choose_num_splits) stays at or below 64
+
 
 def _check_index(name: str, t, shape: tuple[int, ...], device) -> None:
     check_int32_tensor(name, t, device)
@@ -168,8 +170,9 @@ def flash_attn_with_kvcache(
     check_on_device(((cache_seqlens >= 0) & (cache_seqlens + seqlen_new <= capacity)).all(),
                      f"cache_seqlens: expected 0 <= cache_seqlens and cache_seqlens + {seqlen_new} new tokens "
                      f"<= {capacity} (the cache's capacity)")
-    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
-        raise ValueError(f"num_splits: expected an int >= 0 (0 = choose), got {num_splits!r}")
+    # At most MAX_SPLITS: the combine kernel holds every split's row of one query in registers.
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits: expected an int in [0, {MAX_SPLITS}] (0 = choose), got {num_splits!r}")
     softmax_scale = check_options(
         headdim=headdim, batch=batch, heads_q=heads_q, device=device, softmax_scale=softmax_scale,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=0.0,

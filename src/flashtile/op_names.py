@@ -4,7 +4,8 @@
 a score modifier crosses into ``flashtile::attention_forward``/``_backward`` as a key
 into a registry. The registry holds objects weakly: an object stays findable while the
 caller (and the autograd graph, through the context of ``ops._AttentionFunction``) keeps
-it alive.
+it alive. Under torch.compile the graph holds only the name: the caller must keep the
+object alive until the backward has run (a dead one gives a clear error, not a wrong answer).
 """
 
 from __future__ import annotations
