@@ -342,6 +342,17 @@ def test_opcheck_attention_forward(name):
     assert not failed, f"opcheck failed: {failed}"
 
 
+def test_the_op_called_directly_refuses_inputs_that_need_a_gradient():
+    # The op's gradient lives in ops.attention's autograd.Function: called on its own with
+    # grad-requiring inputs it would give outputs whose backward silently computes nothing.
+    q, k, v = make_qkv(1, 9, 6, 2, 1, 16)
+    args = (q, k, v, "bshd", 0.25, None, 0, 0.0, None, "reference", False, None, 0.0, None, None, None, 0, 0)
+    with pytest.raises(RuntimeError, match=r"^flashtile::attention_forward has no gradient of its own"):
+        torch.ops.flashtile.attention_forward(*args)
+    out, _ = flashtile.ops.attention(*args)
+    assert torch.autograd.grad(out.sum(), q)[0].abs().sum() > 0
+
+
 def test_opcheck_attention_backward():
     q, k, v = make_qkv(1, 9, 6, 2, 1, 16, requires_grad=False)
     out, lse = torch.ops.flashtile.attention_forward(q, k, v, "bshd", 0.25, None, 0, 0.0, None, "reference", False,

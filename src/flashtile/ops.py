@@ -109,8 +109,12 @@ def _attention_forward(
 
     ``bias`` is indexed (batch, heads_q, seqlen_q, seqlen_k) whatever the layout;
     ``mask_key`` names a registered block mask (with its mask_mod), ``score_key`` a
-    registered score_mod.
+    registered score_mod. Not differentiable by itself: :func:`attention` adds the gradient.
     """
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias)):
+        # A direct call would otherwise return outputs whose backward silently gives no gradient.
+        raise RuntimeError("flashtile::attention_forward has no gradient of its own: call flashtile.ops.attention "
+                           "(or flashtile.attention) when q, k, v or the bias require grad")
     band = Band(window_left, window_right)
     block_mask, score_mod = _named(mask_key, score_key)
     out = _new_like(q, layout)
