@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_final.sh bench   # speed, decode bandwidth, variants, masks, memory, sanitizer
 #   bash benchmarks/gpu_final.sh extra   # old-vs-new speed (OLD_SRC), ring attention (2 GPUs)
 #   bash benchmarks/gpu_final.sh io      # the IO model against Nsight Compute's DRAM bytes
-#   bash benchmarks/gpu_final.sh verify  # host-bound cases: launch overhead, N=1k speed, decode splits, varlen
+#   bash benchmarks/gpu_final.sh verify  # host-bound cases: launch overhead, N=1k speed, decode splits, varlen,
+#                                        # variants and masks (dropout and dK/dV-tiling changes to time)
 #   bash benchmarks/gpu_final.sh checks  # compute-sanitizer, and the Hypothesis GPU property test on GPU 1
 # At most 8 files come back from a device call: each mode writes few (times.txt included).
 # Logs under $OUT; a short summary is printed last.
@@ -41,15 +42,16 @@ case ${1:-tests} in
     # Session 3 changed the host path (ops registration, decode combine kernel) after its
     # last GPU call: these are the cases where the host shows.
     step env timeout 90 python3 benchmarks/launch_overhead.py > "$OUT/launch.log" 2>&1
-    step env timeout 40 python3 benchmarks/speed_table.py --headdims 64 128 --seqlens 1024 4096 \
+    step env timeout 100 python3 benchmarks/speed_table.py --headdims 64 128 --seqlens 1024 4096 \
       --impls flashtile sdpa-flash sdpa-cudnn > "$OUT/speed.log" 2>&1
     for p in 2 8; do
       step env timeout 60 python3 benchmarks/decode.py --no-flex --programs-per-sm $p --batches 1 4 32 128 \
         --heads 32 >> "$OUT/decode.log" 2>&1
     done
     step env timeout 100 python3 benchmarks/variants.py >> "$OUT/variants.log" 2>&1
+    step env timeout 110 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
     cat "$OUT/launch.log"; tail -6 "$OUT/speed.log"; grep -v "Warn\|fn = " "$OUT/decode.log"; cat "$OUT/variants.log"
-    cat "$OUT/times.txt" ;;
+    cat "$OUT/masks.log" "$OUT/times.txt" ;;
   checks)
     # The property test runs on the second GPU meanwhile (compile-bound: it brings new kernels).
     (CUDA_VISIBLE_DEVICES=1 OMP_NUM_THREADS=4 PYTHONPATH=$PWD/src:$PWD timeout "${PROPERTY_LIMIT:-500}" \
