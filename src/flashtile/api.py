@@ -133,8 +133,7 @@ def _register_score_mod(score_mod, backend: str, heads_q: int, q, k, v, bias):
         raise ValueError(f"score_mod: {mod.name!r} holds {mod.buffer.numel()} per-head values, expected one per "
                          f"query head ({heads_q})")
     # The backward computes every gradient at once: a bias that wants one needs the derivative too.
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
-    if backend == "triton" and needs_grad and not mod.has_kernel_grad:
+    if backend == "triton" and ops.needs_grad(q, k, v, bias) and not mod.has_kernel_grad:
         raise ValueError(f"score_mod: {mod.name!r} has no derivative for the Triton kernels and q, k, v or the bias "
                          "requires grad; wrap it as flashtile.score_mod(fn, grad=...) (grad=1.0 if it only adds to the "
                          "score), or run without gradients")

@@ -47,6 +47,11 @@ def _new_like(t: Tensor, layout: str) -> Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
+def needs_grad(*tensors: Optional[Tensor]) -> bool:
+    """Whether autograd records a call on these tensors (None entries are skipped)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _named(mask_key: Optional[str], score_key: Optional[str]):
     """The block mask and score_mod the ops' string arguments name (None where not given)."""
     return (lookup(mask_key) if mask_key is not None else None,
@@ -111,7 +116,7 @@ def _attention_forward(
     ``mask_key`` names a registered block mask (with its mask_mod), ``score_key`` a
     registered score_mod. Not differentiable by itself: :func:`attention` adds the gradient.
     """
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias)):
+    if needs_grad(q, k, v, bias):
         # A direct call would otherwise return outputs whose backward silently gives no gradient.
         raise RuntimeError("flashtile::attention_forward has no gradient of its own: call flashtile.ops.attention "
                            "(or flashtile.attention) when q, k, v or the bias require grad")
@@ -281,7 +286,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, layout: str, softmax_scale: float
     inputs = (q, k, v, layout, softmax_scale, window_left, window_right, softcap, alibi_slopes, backend, allow_tf32,
               bias, dropout_p, dropout_seed, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask_key,
               score_key)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
+    if needs_grad(q, k, v, bias):
         return _AttentionFunction.apply(*inputs)
     return attention_forward(*inputs)

@@ -54,6 +54,7 @@ except ImportError as error:  # the optional "hf" extra
 
 from ..api import attention
 from ..kvcache import flash_attn_with_kvcache
+from ..ops import needs_grad
 from ..varlen import flash_attn_varlen_func
 
 # The name models take as ``attn_implementation``. Not "flashtile": transformers >= 5.0 reads any
@@ -187,8 +188,7 @@ def _dispatch(query, key, value, attention_mask, options, kwargs):
             if bool(mask.all()):  # it only marked where the written keys end
                 mask = None
 
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if seqlen_q == 1 and not needs_grad and options["dropout_p"] == 0.0:
+    if seqlen_q == 1 and not needs_grad(q, k, v) and options["dropout_p"] == 0.0:
         leftpad = _left_padding(mask) if mask is not None else None
         if mask is None or leftpad is not None:
             return flash_attn_with_kvcache(q, k, v, cache_leftpad=leftpad, softmax_scale=options["softmax_scale"],
