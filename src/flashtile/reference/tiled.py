@@ -69,12 +69,15 @@ def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_sc
     cols = torch.arange(start_n, start_n + k_tile.shape[-2], device=s.device)[None, :]
     if alibi is not None:  # alibi: (B or 1, Hkv, G, 1, 1) slopes
         s = s - alibi * (rows - cols).abs().to(s.dtype)
-    batch, heads_kv, group = q_tile.shape[:3]
-    b = torch.arange(batch, device=s.device).view(-1, 1, 1, 1, 1)
-    h = (torch.arange(heads_kv, device=s.device).view(1, -1, 1, 1, 1) * group
-         + torch.arange(group, device=s.device).view(1, 1, -1, 1, 1))
-    if score_mod is not None:  # a user score_mod, on absolute (not bottom-right shifted) indices
+    if score_mod is not None or mask is not None:
+        # A user's functions see (batch, query head) indices and absolute (not
+        # bottom-right shifted) query positions.
+        batch, heads_kv, group = q_tile.shape[:3]
+        b = torch.arange(batch, device=s.device).view(-1, 1, 1, 1, 1)
+        h = (torch.arange(heads_kv, device=s.device).view(1, -1, 1, 1, 1) * group
+             + torch.arange(group, device=s.device).view(1, 1, -1, 1, 1))
         q_idx = rows - (seqlen_k - seqlen_q)
+    if score_mod is not None:
         if need_chain:  # the forward has no use for it
             derivative = score_mod.derivative(s, b, h, q_idx, cols)
             chain = derivative if chain is None else chain * derivative
@@ -86,8 +89,8 @@ def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_sc
         allowed = allowed & (cols >= rows - band.left)
     if band.right is not None:
         allowed = allowed & (cols <= rows + band.right)
-    if mask is not None:  # a user mask_mod, on absolute (not bottom-right shifted) indices
-        allowed = allowed & mask(b, h, rows - (seqlen_k - seqlen_q), cols)
+    if mask is not None:
+        allowed = allowed & mask(b, h, q_idx, cols)
     return s.masked_fill(~allowed, float("-inf")), chain
 
 
