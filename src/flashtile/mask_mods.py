@@ -84,21 +84,32 @@ def _exec_source(name: str, source: str, namespace: dict) -> Callable:
     return module.__dict__[name]
 
 
+def _jit_user(fn: Callable, name: str, params: str, kind: str, extra_globals: dict | None = None):
+    """A user's function (a mask_mod or score_mod taking ``params``) as a jitted function
+    that also takes the kernels' ``buffer`` argument, which it ignores.
+
+    ``extra_globals`` rebind names the function reads (a score_mod's ``torch``).
+    """
+    import triton
+    import triton.language as tl
+
+    # Triton wants triton.language among the function's globals, even when unused.
+    namespace = {**fn.__globals__, "tl": tl, **(extra_globals or {})}
+    fn = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
+    # Triton keys its compiled kernels by source text, not by closure or global values: two
+    # functions from one factory (``make(0.5)``, ``make(-3.0)``) would share one kernel. A
+    # token unique to this wrapping makes each its own key (it is compiled with its values).
+    src = (f"def {name}({params}, buffer):\n    # flashtile {kind} #{next(_counter)}\n"
+           f"    return _user({params})\n")
+    return triton.jit(_exec_source(name, src, {"_user": triton.jit(fn), "tl": tl}))
+
+
 def _jit_mask(mask: MaskMod):
     import triton
     import triton.language as tl
 
     if mask.user_fn is not None:  # a user's 4-argument function, wrapped to take the buffer
-        fn = mask.user_fn
-        # Triton wants triton.language among the function's globals, even when unused.
-        fn = types.FunctionType(fn.__code__, {**fn.__globals__, "tl": tl}, fn.__name__, fn.__defaults__,
-                                fn.__closure__)
-        inner = triton.jit(fn)
-        # A token unique to this wrapping: Triton keys kernels by source text, not by the
-        # closure or global values a user's function reads (see score_mods._jit_user).
-        src = (f"def {mask.name}(b, h, q_idx, kv_idx, buffer):\n    # flashtile mask_mod #{next(_counter)}\n"
-               f"    return _user(b, h, q_idx, kv_idx)\n")
-        return triton.jit(_exec_source(mask.name, src, {"_user": inner, "tl": tl}))
+        return _jit_user(mask.user_fn, mask.name, "b, h, q_idx, kv_idx", "mask_mod")
     namespace = {"tl": tl}
     for i, part in enumerate(mask.parts):
         namespace[f"_m{i}"] = part.triton_fn()

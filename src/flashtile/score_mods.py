@@ -28,20 +28,17 @@ Ready modifiers: :func:`softcap_score` and :func:`alibi_score` (the built-in
 
 from __future__ import annotations
 
-import itertools
-import types
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from .mask_mods import _exec_source
+from .mask_mods import _exec_source, _jit_user
 from .op_names import OpNames
 
 # The custom ops take a score modifier by name (see flashtile.op_names).
 _names: OpNames[ScoreMod] = OpNames("score_mod")
-_wrappings = itertools.count()  # see _jit_user
 # A plain function passed as score_mod=fn is wrapped once: the ScoreMod is kept on it.
 _CACHE_ATTR = "_flashtile_score_mod"
 
@@ -89,34 +86,20 @@ class ScoreMod:
         return self._jit[0]
 
 
-def _jit_user(fn: Callable, name: str):
-    import triton
-    import triton.language as tl
-
-    # Triton wants triton.language among the function's globals, even when unused; torch.*
-    # calls are rebound to their Triton twins.
-    from .kernels import torch_twins
-
-    namespace = {**fn.__globals__, "tl": tl, "torch": torch_twins}
-    fn = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
-    # Triton keys its compiled kernels by source text, not by closure or global values: two
-    # modifiers from one factory (``make(0.5)``, ``make(-3.0)``) would share one kernel. A
-    # token unique to this wrapping makes each its own key (it is compiled with its values).
-    src = (f"def {name}(score, b, h, q_idx, kv_idx, buffer):\n"
-           f"    # flashtile score_mod #{next(_wrappings)}\n"
-           f"    return _user(score, b, h, q_idx, kv_idx)\n")
-    return triton.jit(_exec_source(name, src, {"_user": triton.jit(fn), "tl": tl}))
-
-
 def _jit_pair(mod: ScoreMod):
     import triton
     import triton.language as tl
 
     from .kernels.common import _tanh
 
-    if mod.user_fn is not None:
-        grad = _jit_user(mod.user_grad, f"{mod.name}_grad") if mod.user_grad is not None else None
-        return _jit_user(mod.user_fn, mod.name), grad
+    if mod.user_fn is not None:  # a user's function reads torch.*: rebound to its Triton twins
+        from .kernels import torch_twins
+
+        def wrap(fn, name):
+            return _jit_user(fn, name, "score, b, h, q_idx, kv_idx", "score_mod", {"torch": torch_twins})
+
+        grad = wrap(mod.user_grad, f"{mod.name}_grad") if mod.user_grad is not None else None
+        return wrap(mod.user_fn, mod.name), grad
     namespace = {"tl": tl, "_tanh": _tanh}
     fwd = triton.jit(_exec_source(mod.name, mod.triton_source, dict(namespace)))
     grad = triton.jit(_exec_source(f"{mod.name}_grad", mod.grad_source, dict(namespace)))
