@@ -251,7 +251,7 @@ def write_plots(directory: str | Path, measurements: list[Measurement], provider
         for (headdim, causal), lines in panels.items():
             fig = Figure(figsize=(6.4, 4.2), layout="constrained")
             title = f"{scenario} · {dtype} · {mode} · D={headdim} · {'causal' if causal else 'full'}"
-            _draw(fig.add_subplot(), lines, title)
+            draw_panel(fig.add_subplot(), lines, title)
             fig.supxlabel(footer, fontsize=7)
             path = directory / f"{stem}-d{headdim}-{'causal' if causal else 'full'}.png"
             fig.savefig(path, dpi=120)
@@ -262,7 +262,7 @@ def write_plots(directory: str | Path, measurements: list[Measurement], provider
         axes = fig.subplots(len(headdims), len(causals), squeeze=False)
         for (headdim, causal), lines in panels.items():
             ax = axes[headdims.index(headdim)][causals.index(causal)]
-            _draw(ax, lines, f"D={headdim} · {'causal' if causal else 'full'}")
+            draw_panel(ax, lines, f"D={headdim} · {'causal' if causal else 'full'}")
         fig.suptitle(f"{scenario} · {dtype} · {mode}: TFLOP/s")
         fig.supxlabel(footer, fontsize=7)
         path = directory / f"{stem}.png"
@@ -271,7 +271,9 @@ def write_plots(directory: str | Path, measurements: list[Measurement], provider
     return written
 
 
-def _draw(ax, lines: dict[str, list[tuple[int, float]]], title: str) -> None:
+def draw_panel(ax, lines: dict[str, list[tuple[int, float]]], title: str) -> None:
+    """TFLOP/s against sequence length on ``ax``: one line per provider (``lines`` maps a
+    PROVIDERS name to its (seqlen, TFLOP/s) points), in that provider's colour everywhere."""
     for provider, points in lines.items():
         xs, ys = zip(*points)
         color = f"C{list(PROVIDERS).index(provider) % 10}"  # one colour per provider in every panel
