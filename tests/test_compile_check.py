@@ -19,25 +19,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_kernel_compiles_for_sm90():
+def run_tool(script: str, *args: str) -> str:
+    """Run tools/<script> compiling for sm_90 (no TRITON_INTERPRET); its stdout, after it succeeded."""
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # silences a Triton 3.9 notice; the default either way
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_check.py"), "--quick"],
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / script), *args],
                             capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "all kernels compile for sm_90" in result.stdout
+    return result.stdout
+
+
+def test_every_kernel_compiles_for_sm90():
+    assert "all kernels compile for sm_90" in run_tool("compile_check.py", "--quick")
 
 
 def test_config_resources_reports_registers_and_spills():
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "config_resources.py"), "--kernel", "dq",
-                             "--headdim", "64", "--blocks", "64", "--warps", "4", "--stages", "2"],
-                            capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert re.search(r"64 x 64\s+w4 s2\s+regs=\d+ stack=\d+\s+smem=\d+ KiB", result.stdout), result.stdout
+    out = run_tool("config_resources.py", "--kernel", "dq", "--headdim", "64", "--blocks", "64", "--warps", "4",
+                   "--stages", "2")
+    assert re.search(r"64 x 64\s+w4 s2\s+regs=\d+ stack=\d+\s+smem=\d+ KiB", out), out
 
 
 def test_shared_memory_estimates_cover_tritons_figures():
@@ -45,10 +45,4 @@ def test_shared_memory_estimates_cover_tritons_figures():
     # memory; an estimate below Triton's own figure lets a config through that then fails
     # to launch on the GPU (the dropout keep mask did this at d128 once: 245760 bytes asked,
     # 232448 allowed on the H200). Triton's figures come from compiling for sm_90 here.
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "compile_check.py"), "--smem"],
-                            capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "every shared-memory estimate covers Triton's" in result.stdout
+    assert "every shared-memory estimate covers Triton's" in run_tool("compile_check.py", "--smem")
