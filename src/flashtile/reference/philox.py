@@ -51,8 +51,9 @@ def dropout_keep(seed: int, bh: torch.Tensor, rows: torch.Tensor, cols: torch.Te
     lane = (cols % 8) // 2
     r = torch.where(lane == 0, outs[0], torch.where(lane == 1, outs[1], torch.where(lane == 2, outs[2], outs[3])))
     half = torch.where(cols % 2 == 0, r & 0xFFFF, r >> 16)
-    threshold = torch.tensor(dropout_p, dtype=torch.float32) * 65536.0  # exact: a power-of-two scale
-    return half.to(torch.float32) >= threshold.to(half.device)
+    # p as the kernels get it (a float32 argument), scaled exactly (a power of two).
+    threshold = float(torch.tensor(dropout_p, dtype=torch.float32)) * 65536.0
+    return half.to(torch.float32) >= threshold
 
 
 def dropout_keep_mask(seed: int, dropout_p: float, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int,
