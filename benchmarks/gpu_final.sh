@@ -53,10 +53,11 @@ case ${1:-tests} in
     cat "$OUT/launch.log"; tail -6 "$OUT/speed.log"; grep -v "Warn\|fn = " "$OUT/decode.log"; cat "$OUT/variants.log"
     cat "$OUT/masks.log" "$OUT/times.txt" ;;
   checks)
-    # The property test runs on the second GPU meanwhile, its six shards on six workers
-    # (compile-bound: most problems bring new kernels).
-    (CUDA_VISIBLE_DEVICES=1 OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${PROPERTY_LIMIT:-500}" \
-      python3 -m pytest -q -p no:cacheprovider -p no:benchmark -n 8 --timeout=0 --hypothesis-show-statistics \
+    # The property test runs meanwhile, on the second GPU where there is one, its six shards
+    # on six workers (compile-bound: most problems bring new kernels).
+    last_gpu=$(( $(nvidia-smi -L | wc -l) - 1 ))
+    (CUDA_VISIBLE_DEVICES=$last_gpu OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${PROPERTY_LIMIT:-500}" \
+      python3 -m pytest -q -p no:cacheprovider -p no:benchmark -n 8 --timeout=0 \
       tests/test_properties.py -m gpu > "$OUT/property.log" 2>&1) &
     CUDA_VISIBLE_DEVICES=0 step env timeout "${SANITIZE_LIMIT:-300}" compute-sanitizer --tool memcheck \
       python3 benchmarks/sanitize.py > "$OUT/sanitize.log" 2>&1

@@ -43,6 +43,12 @@ def run(kind, cfg, batch, heads, seqlen, headdim, causal):
     with ctx:
         try:
             out = flashtile.attention(q, k, v, causal=causal)
+            # A config is only a candidate if it computes attention: compare with PyTorch's.
+            expected = torch.nn.functional.scaled_dot_product_attention(
+                *(t.transpose(1, 2) for t in (q, k, v)), is_causal=causal).transpose(1, 2)
+            error = (out - expected).abs().max().item()
+            if error > 0.05:
+                return f"wrong (max error {error:.3g} against SDPA)"
             if kind == "fwd":
                 t = do_bench(lambda: flashtile.attention(q, k, v, causal=causal), warmup=10, rep=40,
                              return_mode="median")
