@@ -97,6 +97,8 @@ def flash_attn_varlen_func(
     check_backend_limits(backend, q.dtype, headdim)
     band = normalize_window(causal, window_size)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+    # The kernels read offset i at cu_seqlens + i: a strided view (offsets[::2]) is copied.
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     out, lse = ops.attention(
         q, k, v, "thd", softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
         bool(torch.backends.cuda.matmul.allow_tf32), None, float(dropout_p), seed, cu_seqlens_q, cu_seqlens_k,
