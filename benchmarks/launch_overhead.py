@@ -114,6 +114,12 @@ def decode_cases(args, device):
                lambda q=q, cache=cache, lens=lens: flashtile.flash_attn_with_kvcache(q, cache, cache,
                                                                                     cache_seqlens=lens),
                True)
+        # flash-attn's usual step: the new token's k and v written into the cache first.
+        new = torch.randn(batch, 1, 8, 128, device=device, dtype=torch.bfloat16)
+        yield (f"decode+append B={batch}",
+               lambda q=q, cache=cache, lens=lens - 1, new=new: flashtile.flash_attn_with_kvcache(
+                   q, cache, cache, new, new, cache_seqlens=lens),
+               True)
 
 
 def main(argv=None) -> None:

@@ -39,7 +39,9 @@ def rope_tables(max_pos, rotary_dim, device=DEVICE):
 
 def run_case(*, batch=3, seqlen_q=1, heads_q=4, heads_kv=2, headdim=32, capacity=80, seqlen_new=1, paged=False,
              page_size=16, batch_idx=False, leftpad=False, rotary=None, num_splits=0, dtype=torch.float32,
-             alibi=False, **options):
+             alibi=False, strided_index=False, **options):
+    """One call against the oracle; ``strided_index``: the index tensors are passed as views
+    with stride 2 in their last dim (every other element of a wider buffer)."""
     torch.manual_seed(1)  # the same inputs on every call, so calls can be compared
     g = torch.Generator(device="cpu").manual_seed(0)
     lengths = torch.randint(0, capacity - seqlen_new + 1, (batch,), generator=g).to(torch.int32)
@@ -85,9 +87,14 @@ def run_case(*, batch=3, seqlen_q=1, heads_q=4, heads_kv=2, headdim=32, capacity
         k_cache, v_cache = logical_k.clone(), logical_v.clone()
     slopes = torch.rand(batch, heads_q, device=DEVICE) if alibi else None
 
+    index = dict(cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                 block_table=block_table)
+    if strided_index:  # the wider buffer's other elements are zeros: valid indices, wrong answers
+        index = {name: None if t is None else torch.stack([t, torch.zeros_like(t)], -1)[..., 0]
+                 for name, t in index.items()}
+        assert all(t is None or t.stride(-1) == 2 for t in index.values())
     out, lse = flashtile.flash_attn_with_kvcache(
-        q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=cache_seqlens,
-        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
+        q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin, **index,
         rotary_interleaved=rotary[1] if rotary else True, num_splits=num_splits, alibi_slopes=slopes,
         return_softmax_lse=True, **options)
 
@@ -146,6 +153,10 @@ CASES = {
     "rotary-halves-noncausal": dict(rotary=(32, False)),
     "window-softcap-alibi-mqa": dict(heads_kv=1, window_size=(20, 0), softcap=5.0, alibi=True),
     "splits-3": dict(num_splits=3, causal=True, paged=True),
+    # Index tensors as strided views: the kernel reads entry b at index + b (it read the
+    # wrong entries before the API made them contiguous).
+    "strided-index-paged-leftpad": dict(paged=True, leftpad=True, causal=True, strided_index=True, num_splits=2),
+    "strided-index-batch-idx": dict(batch_idx=True, leftpad=True, strided_index=True),
 }
 
 

@@ -37,16 +37,17 @@ def _check_index(name: str, t, shape: tuple[int, ...], device) -> None:
         raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
 
 
-def _append(cache: torch.Tensor, new: torch.Tensor, positions: torch.Tensor, block_table, batch_idx) -> None:
-    """Write new (B, S_new, Hkv, D) into the cache at positions (B, S_new), in place."""
+def _cache_index(positions: torch.Tensor, cache: torch.Tensor, block_table, batch_idx) -> tuple:
+    """Index of the cache entries at positions (B, S_new): k_cache[index] is (B, S_new, Hkv, D).
+
+    Built once for both caches (on a GPU each step is a launch, and a decode step is short).
+    """
     if block_table is not None:
         page_size = cache.shape[1]
-        pages = torch.gather(block_table.long(), 1, positions // page_size)
-        cache[pages, positions % page_size] = new.to(cache.dtype)
-    else:
-        rows = batch_idx.long()[:, None] if batch_idx is not None else torch.arange(
-            new.shape[0], device=new.device)[:, None]
-        cache[rows, positions] = new.to(cache.dtype)
+        return torch.gather(block_table, 1, positions // page_size).long(), positions % page_size
+    rows = batch_idx.long()[:, None] if batch_idx is not None else torch.arange(
+        positions.shape[0], device=positions.device)[:, None]
+    return rows, positions
 
 
 def _reference_decode(q, k_cache, v_cache, seqlens_k, batch_idx, leftpad, block_table, softmax_scale, band: Band,
@@ -156,20 +157,33 @@ def flash_attn_with_kvcache(
                              f"got {tuple(k.shape)} and {tuple(v.shape)}")
         seqlen_new = k.shape[1]
 
-    if cache_seqlens is None:
-        if k is not None:
+    seqlens_rule = (f"cache_seqlens: expected 0 <= cache_seqlens and cache_seqlens + {seqlen_new} new tokens "
+                    f"<= {capacity} (the cache's capacity)")
+    leftpad_rule = "cache_leftpad: expected 0 <= cache_leftpad <= cache_seqlens"
+    # A length given as an int (or the full cache, when None) is checked on the host; a
+    # tensor of lengths on the device, in one check with the left padding: on a GPU every
+    # comparison is a launch, and a decode step is short enough for the host to show.
+    if cache_seqlens is None or (isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool)):
+        if cache_seqlens is None and k is not None:
             raise ValueError("cache_seqlens: required when appending k and v (where should they go?)")
-        cache_seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=device)
-    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
-    _check_index("cache_seqlens", cache_seqlens, (batch,), device)
-    if cache_leftpad is not None:
-        _check_index("cache_leftpad", cache_leftpad, (batch,), device)
-        check_on_device(((cache_leftpad >= 0) & (cache_leftpad <= cache_seqlens)).all(),
-                         "cache_leftpad: expected 0 <= cache_leftpad <= cache_seqlens")
-    check_on_device(((cache_seqlens >= 0) & (cache_seqlens + seqlen_new <= capacity)).all(),
-                     f"cache_seqlens: expected 0 <= cache_seqlens and cache_seqlens + {seqlen_new} new tokens "
-                     f"<= {capacity} (the cache's capacity)")
+        length = capacity if cache_seqlens is None else cache_seqlens
+        if not 0 <= length <= capacity - seqlen_new:
+            raise ValueError(seqlens_rule)
+        cache_seqlens = torch.full((batch,), length, dtype=torch.int32, device=device)
+        if cache_leftpad is not None:
+            _check_index("cache_leftpad", cache_leftpad, (batch,), device)
+            check_on_device(((cache_leftpad >= 0) & (cache_leftpad <= length)).all(), leftpad_rule)
+    else:
+        _check_index("cache_seqlens", cache_seqlens, (batch,), device)
+        fits = cache_seqlens <= capacity - seqlen_new
+        if cache_leftpad is None:
+            check_on_device((fits & (cache_seqlens >= 0)).all(), seqlens_rule)
+        else:
+            _check_index("cache_leftpad", cache_leftpad, (batch,), device)
+            leftpad_ok = (cache_leftpad >= 0) & (cache_leftpad <= cache_seqlens)  # implies cache_seqlens >= 0
+            # On the CPU the message names the rule broken; on a GPU the assert gives both.
+            check_on_device((leftpad_ok & fits).all(), f"{leftpad_rule}; {seqlens_rule}",
+                            cpu_message=lambda: leftpad_rule if not leftpad_ok.all() else seqlens_rule)
     # At most MAX_SPLITS: the combine kernel holds every split's row of one query in registers.
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits: expected an int in [0, {MAX_SPLITS}] (0 = choose), got {num_splits!r}")
@@ -179,6 +193,8 @@ def flash_attn_with_kvcache(
     )
     band = normalize_window(causal, window_size)
 
+    # (B, S_new) cache positions of the new tokens: where they are written and their RoPE angle.
+    new_positions = cache_seqlens[:, None].long() + torch.arange(seqlen_new, device=device) if k is not None else None
     if rotary_cos is not None:
         if rotary_sin is None or rotary_sin.shape != rotary_cos.shape or rotary_cos.dim() != 2:
             raise ValueError("rotary_cos, rotary_sin: expected two (max_position, rotary_dim / 2) tables of one shape")
@@ -189,24 +205,27 @@ def flash_attn_with_kvcache(
             q_positions = base.expand(batch, seqlen_q)
         q = apply_rotary(q, rotary_cos, rotary_sin, q_positions, rotary_interleaved)
         if k is not None:
-            k = apply_rotary(k, rotary_cos, rotary_sin, base + torch.arange(seqlen_new, device=device),
-                             rotary_interleaved)
+            k = apply_rotary(k, rotary_cos, rotary_sin, new_positions, rotary_interleaved)
     if k is not None:
-        positions = cache_seqlens.long()[:, None] + torch.arange(seqlen_new, device=device)
-        _append(k_cache, k, positions, block_table, cache_batch_idx)
-        _append(v_cache, v, positions, block_table, cache_batch_idx)
-    seqlens_k = (cache_seqlens + seqlen_new).to(torch.int32)
+        index = _cache_index(new_positions, k_cache, block_table, cache_batch_idx)
+        k_cache[index] = k.to(k_cache.dtype)
+        v_cache[index] = v.to(v_cache.dtype)
+    seqlens_k = cache_seqlens + seqlen_new if seqlen_new else cache_seqlens  # int32, checked above
 
     backend = select_backend(device, q.dtype)
     check_backend_limits(backend, q.dtype, headdim)
     if backend == "triton":
+        # The kernel reads entry b at index + b (a block table's row with its stride): strided
+        # views of the index tensors (lengths[::2]) are copied; contiguous ones pass as they are.
+        seqlens_k, cache_batch_idx, cache_leftpad, block_table = (
+            t.contiguous() if t is not None else None for t in (seqlens_k, cache_batch_idx, cache_leftpad, block_table))
         from .kernels.decode_launch import combine_splits, decode_attention_triton
 
         out_parts, lse_parts = decode_attention_triton(
             q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, softmax_scale, band,
             float(softcap), alibi_slopes, num_splits, bool(torch.backends.cuda.matmul.allow_tf32))
-        if out_parts.shape[0] == 1:
-            out, lse = out_parts[0].to(q.dtype), lse_parts[0]
+        if out_parts.shape[0] == 1:  # already in q's dtype
+            out, lse = out_parts[0], lse_parts[0]
         else:
             out, lse = combine_splits(out_parts, lse_parts, q.dtype)
     else:

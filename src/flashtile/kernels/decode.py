@@ -112,7 +112,8 @@ def _decode_kernel(
     out = tl.where(empty[:, None], 0.0, acc / l_safe[:, None])
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
     tl.store(OutPartial + split.to(tl.int64) * stride_os + batch.to(tl.int64) * stride_ob + token[:, None] * stride_om
-             + head[:, None] * stride_oh + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+             + head[:, None] * stride_oh + offs_d[None, :], out.to(OutPartial.dtype.element_ty),
+             mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LsePartial + split.to(tl.int64) * stride_ls + batch.to(tl.int64) * stride_lb + head * stride_lh + token,
              lse, mask=row_ok)
 

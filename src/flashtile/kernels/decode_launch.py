@@ -63,7 +63,10 @@ def decode_attention_triton(
     num_splits: int,
     allow_tf32: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Partial results of every split: out (splits, B, Sq, Hq, D) float32, LSE (splits, B, Hq, Sq).
+    """Partial results of every split: out (splits, B, Sq, Hq, D), LSE (splits, B, Hq, Sq) float32.
+
+    out is float32 when there are several splits (they are merged by :func:`combine_splits`)
+    and q's dtype when there is one: then it is the result, written without a cast launch.
 
     q: (B, Sq, Hq, D); caches: (B_cache, S_cache, Hkv, D), or (blocks, page, Hkv, D)
     with block_table (B, pages per sequence); seqlens_k (B,) int32: valid entries.
@@ -79,7 +82,8 @@ def decode_attention_triton(
     if num_splits <= 0:
         num_splits = choose_num_splits(batch, heads_kv, m_blocks, max_keys, q.device)
     block_n = _key_block(page_size)
-    out = torch.empty(num_splits, batch, seqlen_q, heads_q, head_dim, dtype=torch.float32, device=q.device)
+    out = torch.empty(num_splits, batch, seqlen_q, heads_q, head_dim,
+                      dtype=q.dtype if num_splits == 1 else torch.float32, device=q.device)
     lse = torch.empty(num_splits, batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
     dummy = seqlens_k
     alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, dummy)
