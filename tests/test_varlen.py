@@ -176,3 +176,39 @@ def test_gpu_varlen(dtype, headdim, monkeypatch):
     lens_k = [9, 700, 64, 1200, 1024]
     check_varlen(lens_q, lens_k, 8, 2, headdim, dtype=dtype, pad=5, causal=True)
     check_varlen(lens_q, lens_k, 8, 8, headdim, dtype=dtype, pad=0, window_size=(128, 16))
+
+
+def test_first_sequence_may_start_past_row_0(backend):
+    # cu_seqlens[0] > 0: the rows before it belong to no sequence (flash-attn allows it).
+    q, k, v = (torch.randn(30, 2, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([11, 30], dtype=torch.int32, device=DEVICE)
+    out = flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 19, 19, causal=True)
+    out[11:].sum().backward()
+    leaves = [t[11:].detach()[None].requires_grad_() for t in (q, k, v)]
+    expected = flashtile.naive_attention(*leaves, causal=True)
+    expected.sum().backward()
+    assert max_error(out[11:], expected[0]) < 1e-5
+    for got, leaf in zip((q.grad, k.grad, v.grad), leaves):
+        assert max_error(got[11:], leaf.grad[0]) < 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_varlen_offsets_beyond_2_31_elements(monkeypatch):
+    # One short sequence at row 600000 of (rows, 32, 128) tensors: its first element lies at
+    # 600000 × 4096 > 2³¹, so only 64-bit offsets reach it (cu_seqlens[0] > 0 spares the
+    # attention over the rows before it).
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    start, length = 600_000, 100
+    q, k, v = (torch.randn(start + length, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    assert start * q.stride(0) > 2**31
+    cu = torch.tensor([start, start + length], dtype=torch.int32, device="cuda")
+    out = flashtile.flash_attn_varlen_func(q, k, v, cu, cu, length, length, causal=True)
+    dout = torch.randn(length, 32, 128, device="cuda", dtype=torch.bfloat16)
+    out[start:].backward(dout)
+    leaves = [t[start:].detach().double()[None].requires_grad_() for t in (q, k, v)]
+    expected = flashtile.naive_attention(*leaves, causal=True)
+    expected.backward(dout.double()[None])
+    assert max_error(out[start:], expected[0]) < 2e-2
+    for got, leaf in zip((q.grad, k.grad, v.grad), leaves):
+        assert max_error(got[start:], leaf.grad[0]) < 5e-2

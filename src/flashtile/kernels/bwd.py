@@ -203,8 +203,10 @@ def _bwd_dkdv_kernel(
     # The query heads of this KV head's group all contribute to the same dK, dV.
     for g in range(0, group_size):
         head = head_kv * group_size + g
-        Q_head = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + start_q * stride_qm
-        DO_head = DO + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh + start_q * stride_dom
+        Q_head = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh \
+            + tl.cast(start_q, tl.int64) * stride_qm
+        DO_head = DO + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh \
+            + tl.cast(start_q, tl.int64) * stride_dom
         bh = batch * num_heads_q + head
         row_base = batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + start_q
         Bias_head = Bias + batch.to(tl.int64) * stride_bb + head.to(tl.int64) * stride_bh
@@ -378,8 +380,10 @@ def _bwd_dq_kernel(
     alibi_slope = 0.0
     if HAS_ALIBI:
         alibi_slope = tl.load(Alibi + batch * stride_ab + head * stride_ah)
-    K_head = K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh + start_k * stride_kn
-    V_head = V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh + start_k * stride_vn
+    K_head = K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh \
+        + tl.cast(start_k, tl.int64) * stride_kn
+    V_head = V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh \
+        + tl.cast(start_k, tl.int64) * stride_vn
     Bias_head = Bias + batch.to(tl.int64) * stride_bb + head.to(tl.int64) * stride_bh
     DBias_head = DBias + bh.to(tl.int64) * seqlen_q * seqlen_k  # dS scratch, (B, Hq, Sq, Sk)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)

@@ -139,10 +139,13 @@ def _fwd_kernel(
     if block_m * BLOCK_M >= seqlen_q:  # a tile past the end of a shorter sequence
         return
 
-    Q_head = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + start_q * stride_qm
-    K_head = K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh + start_k * stride_kn
-    V_head = V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh + start_k * stride_vn
-    O_head = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + start_q * stride_om
+    Q_head = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + tl.cast(start_q, tl.int64) * stride_qm
+    K_head = K + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh \
+        + tl.cast(start_k, tl.int64) * stride_kn
+    V_head = V + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh \
+        + tl.cast(start_k, tl.int64) * stride_vn
+    O_head = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh \
+        + tl.cast(start_q, tl.int64) * stride_om
     Bias_head = Bias + batch.to(tl.int64) * stride_bb + head.to(tl.int64) * stride_bh
     LSE_head = LSE + batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + start_q
 
