@@ -28,11 +28,18 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, device: torch.device, total: 
     if batch is not None and cu.shape[0] != batch + 1:
         raise ValueError(f"{name}: expected {batch + 1} offsets (as cu_seqlens_q), got {cu.shape[0]}")
     message = f"{name}: expected non-decreasing offsets starting >= 0 and ending <= {total} (the packed rows)"
-    lengths = cu[1:] - cu[:-1]
-    check_on_device((cu[0] >= 0) & (cu[-1] <= total) & (lengths >= 0).all(), message,
-                    cpu_message=lambda: f"{message}, got {cu.tolist()}")
-    check_on_device((lengths <= max_seqlen).all(),
-                    f"{max_name}: expected >= every sequence's length in {name}, got {max_seqlen}")
+    max_message = f"{max_name}: expected >= every sequence's length in {name}, got {max_seqlen}"
+    # One device check (on a GPU each comparison is a launch): the offsets are valid and
+    # max_seqlen covers them when every margin is >= 0: cu[0], the lengths, the rows left
+    # after cu[-1], and max_seqlen minus each length.
+    lengths = cu.diff()
+    margins = torch.cat((cu[:1], lengths, total - cu[-1:], max_seqlen - lengths))
+
+    def cpu_message():  # which rule broke, with the offsets (on the CPU they can be shown)
+        offsets_ok = bool((margins[: -lengths.shape[0]] >= 0).all())
+        return max_message if offsets_ok else f"{message}, got {cu.tolist()}"
+
+    check_on_device((margins >= 0).all(), f"{message}; {max_message}", cpu_message=cpu_message)
 
 
 def _check_max_seqlen(name: str, value) -> int:
