@@ -182,8 +182,11 @@ def test_first_sequence_may_start_past_row_0(backend):
     # cu_seqlens[0] > 0: the rows before it belong to no sequence (flash-attn allows it).
     q, k, v = (torch.randn(30, 2, 16, device=DEVICE, requires_grad=True) for _ in range(3))
     cu = torch.tensor([11, 30], dtype=torch.int32, device=DEVICE)
-    out = flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 19, 19, causal=True)
+    out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 19, 19, causal=True, return_attn_probs=True)
     out[11:].sum().backward()
+    # The rows before the first sequence: zero output and gradients, the LSE of no key.
+    assert torch.all(out[:11] == 0) and torch.all(lse[:, :11] == float("-inf"))
+    assert all(torch.all(t.grad[:11] == 0) for t in (q, k, v))
     leaves = [t[11:].detach()[None].requires_grad_() for t in (q, k, v)]
     expected = flashtile.naive_attention(*leaves, causal=True)
     expected.sum().backward()
@@ -212,3 +215,20 @@ def test_gpu_varlen_offsets_beyond_2_31_elements(monkeypatch):
     assert max_error(out[start:], expected[0]) < 2e-2
     for got, leaf in zip((q.grad, k.grad, v.grad), leaves):
         assert max_error(got[start:], leaf.grad[0]) < 5e-2
+
+
+def test_padding_fill_writes_exactly_the_rows_outside_every_sequence():
+    # The Triton path allocates outputs uninitialised and writes only the padding rows.
+    from flashtile.kernels.padding import fill_rows_outside
+
+    cu = torch.tensor([4, 9, 9, 17], dtype=torch.int32, device=DEVICE)
+    x = torch.full((23, 5), float("nan"), device=DEVICE)
+    fill_rows_outside(x, cu, 0.0)
+    assert torch.all(x[:4] == 0) and torch.all(x[17:] == 0) and torch.all(x[4:17].isnan())
+    lse = torch.full((3, 23), float("nan"), device=DEVICE)  # rows are its columns
+    fill_rows_outside(lse.t(), cu, float("-inf"))
+    assert torch.all(lse[:, :4] == float("-inf")) and torch.all(lse[:, 17:] == float("-inf"))
+    assert torch.all(lse[:, 4:17].isnan())
+    no_padding = torch.full((23, 5), float("nan"), device=DEVICE)
+    fill_rows_outside(no_padding, torch.tensor([0, 23], dtype=torch.int32, device=DEVICE), 0.0)
+    assert torch.all(no_padding.isnan())

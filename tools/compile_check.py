@@ -26,15 +26,17 @@ from triton.compiler import ASTSource
 from flashtile.kernels.bwd import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
 from flashtile.kernels.decode import _combine_splits_kernel, _decode_kernel
 from flashtile.kernels.fwd import _fwd_kernel
+from flashtile.kernels.padding import _fill_rows_outside_kernel
 
-FLOAT_ARGS = {"qk_scale", "softcap", "dropout_p", "softmax_scale"}
+FLOAT_ARGS = {"qk_scale", "softcap", "dropout_p", "softmax_scale", "value"}
 POINTER_TYPES = {  # pointer arguments by name; the rest of the tensors are bf16
     "LSE": "*fp32", "Delta": "*fp32", "DLSE": "*fp32", "Alibi": "*fp32", "DBias": "*fp32", "OutPartial": "*fp32",
     "LsePartial": "*fp32", "Lse": "*fp32", "Cu_seqlens_q": "*i32", "Cu_seqlens_k": "*i32", "Seed": "*i64",
     "CacheSeqlens": "*i32", "CacheBatchIdx": "*i32", "LeftPad": "*i32", "BlockTable": "*i32", "KvIdx": "*i32",
     "KvPartial": "*i32", "KvCount": "*i32", "QIdx": "*i32", "QPartial": "*i32", "QCount": "*i32", "MaskBuf": "*i32", "ScoreBuf": "*fp32",
+    "Cu": "*i32",
 }
-TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias"}
+TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias", "X"}
 
 
 # The strides of Q, K, V, O and their gradients (b, h, m/n): a launch on contiguous tensors
@@ -102,6 +104,7 @@ def variants(quick: bool):
                         HAS_DBIAS=f["HAS_BIAS"], **f), 8, 2)
     yield ("preprocess", _bwd_preprocess, dict(HEAD_DIM=128, HEAD_DIM_PADDED=128, BLOCK_M=64, HAS_DLSE=True,
                                                IS_VARLEN=True), 4, 1)
+    yield ("padding fill", _fill_rows_outside_kernel, dict(BLOCK_R=8, BLOCK_C=512), 4, 1)
     yield ("combine splits", _combine_splits_kernel, dict(HEAD_DIM=128, HEAD_DIM_PADDED=128, SPLITS_PADDED=64), 4, 1)
     for paged in (False, True):
         yield (f"decode paged={paged}", _decode_kernel,

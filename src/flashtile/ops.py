@@ -40,9 +40,10 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _new_like(t: Tensor, layout: str) -> Tensor:
-    # Packed tensors may have rows past the last sequence: give them zeros, never garbage.
-    if layout == "thd":
+def _new_like(t: Tensor, layout: str, backend: str) -> Tensor:
+    # Packed tensors may have rows outside every sequence: they get zeros, never garbage
+    # (the Triton launchers write only those rows; the reference path starts from zeros).
+    if layout == "thd" and backend != "triton":
         return torch.zeros(t.shape, dtype=t.dtype, device=t.device)
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
@@ -122,7 +123,7 @@ def _attention_forward(
                            "(or flashtile.attention) when q, k, v or the bias require grad")
     band = Band(window_left, window_right)
     block_mask, score_mod = _named(mask_key, score_key)
-    out = _new_like(q, layout)
+    out = _new_like(q, layout, backend)
     q_, k_, v_, out_ = (_to_bhsd(t, layout) for t in (q, k, v, out))
     if backend == "triton":
         from .kernels.launch import Varlen, attention_forward_triton
@@ -185,7 +186,7 @@ def _attention_backward(
     """
     band = Band(window_left, window_right)
     block_mask, score_mod = _named(mask_key, score_key)
-    dq, dk, dv = (_new_like(t, layout) for t in (q, k, v))
+    dq, dk, dv = (_new_like(t, layout, backend) for t in (q, k, v))
     views = [_to_bhsd(t, layout) for t in (dout, q, k, v, out, dq, dk, dv)]
     dbias = None
     if backend == "triton":

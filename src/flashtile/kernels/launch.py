@@ -18,6 +18,7 @@ from ..masks import Band
 from . import autotune
 from .bwd import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
 from .configs import backward_configs, forward_config
+from .padding import fill_rows_outside
 from .fwd import _fwd_kernel
 
 LOG2E = 1.4426950408889634
@@ -141,6 +142,11 @@ def _problem(q, k, varlen: Varlen | None):
     return varlen.cu_seqlens_q.shape[0] - 1, varlen.max_seqlen_q, varlen.max_seqlen_k
 
 
+def _packed_rows(t: torch.Tensor) -> torch.Tensor:
+    """The (1, heads, total, D) view of a packed (total, heads, D) tensor as (total, heads · D)."""
+    return t[0].transpose(0, 1).view(t.shape[2], -1)  # a view: raises rather than copy
+
+
 def _batch_stride(t: torch.Tensor, varlen: Varlen | None):
     # Packed tensors have no batch dimension: the sequence offset comes from cu_seqlens.
     strides = t.stride()
@@ -183,9 +189,12 @@ def attention_forward_triton(
     if varlen is None:
         lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
         cu_q = cu_k = lse  # dummy pointers: never read unless IS_VARLEN
-    else:  # rows outside every sequence are never written: give them the LSE of "no key"
-        lse = torch.full((heads_q, q.shape[2]), float("-inf"), dtype=torch.float32, device=q.device)
+    else:
+        lse = torch.empty(heads_q, q.shape[2], dtype=torch.float32, device=q.device)
         cu_q, cu_k = varlen.cu_seqlens_q, varlen.cu_seqlens_k
+        # Rows outside every sequence are never visited: zeros and the LSE of "no key".
+        fill_rows_outside(_packed_rows(out), cu_q, 0.0)
+        fill_rows_outside(lse.t(), cu_q, float("-inf"))
     alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, q)
     bias_ptr, bias_strides = _bias_args(bias, q, seqlen_k)
     mask_ptrs, mask_strides, mask_fn = _block_mask_args(block_mask, False, lse)
@@ -247,7 +256,7 @@ def attention_backward_triton(
     Returns the bias gradient (the bias's shape, float32) when ``bias_requires_grad``:
     dS is written to a (B, Hq, Sq, Sk) scratch and summed over the bias's broadcast
     dims, the one place the backward holds an N×N buffer, and only on request.
-    For a packed batch, rows outside every sequence are left as the caller made them.
+    For a packed batch, rows outside every sequence get zero gradients.
     """
     heads_q, head_dim = q.shape[1], q.shape[3]
     heads_kv = k.shape[1]
@@ -263,6 +272,9 @@ def attention_backward_triton(
     if dlse is not None:
         dlse = dlse.contiguous()
     cu_q, cu_k = (varlen.cu_seqlens_q, varlen.cu_seqlens_k) if varlen is not None else (lse, lse)
+    if varlen is not None:  # rows outside every sequence are never visited
+        for grad, cu in ((dq, cu_q), (dk, cu_k), (dv, cu_k)):
+            fill_rows_outside(_packed_rows(grad), cu, 0.0)
     alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, q)
     bias_ptr, bias_strides = _bias_args(bias, q, seqlen_k)
     has_dbias = bias is not None and bias_requires_grad
