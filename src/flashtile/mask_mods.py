@@ -121,6 +121,8 @@ def _jit_mask(mask: MaskMod):
 def _generated(name: str, body: str, buffer=None, parts: tuple = ()) -> MaskMod:
     source = f"def {name}(b, h, q_idx, kv_idx, buffer):\n    return {body}\n"
     namespace = {f"_m{i}": p.torch_fn for i, p in enumerate(parts)}
+    # The kernels read buffer[i] at buffer + i: a strided or expanded view is copied.
+    buffer = buffer.contiguous() if buffer is not None else None
     return MaskMod(name, _exec_source(name, source, namespace), source, buffer=buffer, parts=parts)
 
 

@@ -175,6 +175,8 @@ def _constant_grad(value: float) -> Callable:
 def _generated(name: str, torch_body: str, triton_body: str, grad_body: str, buffer=None) -> ScoreMod:
     head = "(score, b, h, q_idx, kv_idx, buffer):\n    return "
     torch_fn = _exec_source(name, f"def {name}{head}{torch_body}\n", {"torch": torch})
+    # The kernels read buffer[h] at buffer + h: a strided or expanded view is copied.
+    buffer = buffer.contiguous() if buffer is not None else None
     return ScoreMod(name, torch_fn, triton_source=f"def {name}{head}{triton_body}\n",
                     grad_source=f"def {name}_grad{head}{grad_body}\n", buffer=buffer)
 
