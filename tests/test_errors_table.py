@@ -306,10 +306,17 @@ ROWS = [
         "scaled_dot_product_attention(qt, kt, vt[..., :8], enable_gqa=True)", NotImplementedError,
         "value: flashtile needs value's headdim (8) equal to query's (16)"),
     Row("SDPA face", "attn_mask not broadcastable",
-        "scaled_dot_product_attention(qt, kt, vt, attn_mask=torch.zeros(8, 9), enable_gqa=True)", ValueError,
-        "bias: expected a shape broadcastable to (batch, heads_q, seqlen_q, seqlen_k)"),
-    Row("SDPA face", "rank 2", "scaled_dot_product_attention(q[0, 0], q[0, 0], q[0, 0])", ValueError,
-        "query: expected at least 3 dims (N, ..., L, E), got 2-d"),
+        "scaled_dot_product_attention(qt, kt, vt, attn_mask=torch.zeros(8, 9), enable_gqa=True)", RuntimeError,
+        "attn_mask: expected a shape broadcastable to the attention weights (2, 4, 8, 8) (query's leading dims, "
+        "L, S), got (8, 9)"),
+    Row("SDPA face", "attn_mask of a third float dtype",
+        "scaled_dot_product_attention(qt, kt, vt, attn_mask=torch.zeros(8, 8, dtype=torch.float16), "
+        "enable_gqa=True)", RuntimeError,
+        "attn_mask: expected dtype torch.bool, torch.float32 or query's dtype torch.float32 (as in torch), "
+        "got torch.float16"),
+    Row("SDPA face", "rank 2 (torch computes it; use_flashtile_sdpa falls back to torch)",
+        "scaled_dot_product_attention(q[0, 0], q[0, 0], q[0, 0])", NotImplementedError,
+        "query: flashtile needs at least 3 dims (N, ..., L, E), got 2-d"),
     # -- Masks and score modifiers -----------------------------------------------------------
     Row("Masks and score modifiers", "mask_mod together with causal",
         "attention(q, k, v, causal=True, mask_mod=mask_mods.causal_mask())", ValueError,

@@ -75,6 +75,38 @@ def test_gqa_and_3d_inputs(backend):
     check(*_qkv((3, 11, 16), (3, 19, 16)))
 
 
+@pytest.mark.parametrize("q_shape, mask_shape", [
+    ((3, 11, 16), (3, 11, 19)),  # 3-d inputs: the weights are (N, L, S)
+    ((3, 11, 16), (3, 1, 19)),
+    ((2, 3, 2, 11, 16), (3, 2, 11, 19)),  # 5-d: the mask broadcast over the first batch dim
+    ((2, 3, 2, 11, 16), (3, 1, 11, 19)),
+    ((2, 3, 2, 11, 16), (2, 1, 1, 11, 19)),
+    ((2, 3, 2, 11, 16), (1, 3, 1, 1, 19)),
+], ids=str)
+def test_masks_broadcast_against_3d_and_5d_inputs_as_in_torch(backend, q_shape, mask_shape):
+    # The problem runs as 4-d (a head dim inserted, batch dims folded): the mask is
+    # broadcast against the query's own shape first, as torch does.
+    k_shape = (*q_shape[:-2], 19, q_shape[-1])
+    q, k, v = _qkv(q_shape, k_shape)
+    mask = torch.randn(mask_shape, device=DEVICE, requires_grad=True)
+    check(q, k, v, attn_mask=mask)
+
+
+def test_torch_only_cases_fall_back_under_use_flashtile_sdpa():
+    # What torch computes and flashtile does not raises NotImplementedError; routed calls
+    # then run torch's own function.
+    q2d = torch.randn(5, 8)
+    q, k = torch.randn(1, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    cases = [((q2d, q2d, q2d), {}), ((q, k, k), {}), ((q, q, q), {"dropout_p": 1.0})]
+    for args, kwargs in cases:
+        with pytest.raises(NotImplementedError):
+            flashtile.scaled_dot_product_attention(*args, **kwargs)
+        expected = F.scaled_dot_product_attention(*args, **kwargs)
+        with flashtile.use_flashtile_sdpa():
+            got = F.scaled_dot_product_attention(*args, **kwargs)
+        assert torch.equal(got, expected)
+
+
 def test_fully_hidden_rows_give_zero_not_nan(backend):
     q, k, v = _qkv((1, 1, 4, 16), (1, 1, 6, 16))
     mask = torch.ones(4, 6, dtype=torch.bool, device=DEVICE)
@@ -91,8 +123,16 @@ def test_errors_where_torch_raises():
         flashtile.scaled_dot_product_attention(q, k, k)
     with pytest.raises(RuntimeError, match=r"^attn_mask: must be None when is_causal=True"):
         flashtile.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool), is_causal=True)
-    with pytest.raises(ValueError, match=r"^bias: expected a shape broadcastable"):
+    with pytest.raises(RuntimeError, match=r"^attn_mask: expected a shape broadcastable to the attention weights"):
         flashtile.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 9, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match=r"^attn_mask: expected dtype torch.bool, torch.float32"):
+        flashtile.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.float64))
+    # Masks torch rejects for these inputs: more dims than the weights, a batch the query lacks.
+    for bad_mask in (torch.zeros(1, 1, 4, 8, 8), torch.zeros(2, 4, 8, 8)):
+        with pytest.raises(RuntimeError):
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=bad_mask)
+        with pytest.raises(RuntimeError, match=r"^attn_mask: expected a shape broadcastable"):
+            flashtile.scaled_dot_product_attention(q, q, q, attn_mask=bad_mask)
 
 
 def test_use_flashtile_sdpa_routes_and_restores(monkeypatch):

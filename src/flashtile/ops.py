@@ -204,7 +204,8 @@ def _attention_backward(
     else:
         dout_, q_, k_, v_, out_, dq_, dk_, dv_ = views
         if bias_requires_grad:
-            dbias = torch.zeros(bias.shape, dtype=torch.float32, device=q.device)
+            # float32 accumulation, float64 for float64 inputs (the oracle's precision)
+            dbias = torch.zeros(bias.shape, dtype=_lse_dtype(q), device=q.device)
         # The LSE's gradient enters as a shift of D: dS = P ∘ (dP − (D − dLSE)).
         tiled_attention_backward(dout_, q_, k_, v_, out_, lse, softmax_scale, band, softcap, alibi_slopes,
                                  dlse=dlse, dq=dq_, dk=dk_, dv=dv_, bias=bias, dbias=dbias, dropout_p=dropout_p,

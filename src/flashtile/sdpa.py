@@ -4,12 +4,14 @@ Layout (batch, heads, seqlen, headdim) (3-d inputs have no head dim); ``is_causa
 is aligned top-left as torch does (query i sees keys 0..i, also when seqlen_q !=
 seqlen_k); ``attn_mask`` is boolean (True = may attend) or additive, broadcast as
 torch broadcasts it, and becomes the kernels' bias (a boolean mask as 0 / -inf)
-with its gradient when it is a float tensor that requires one. One difference, by
-design: a query row that the mask hides entirely gives 0, never NaN.
+with its gradient when it is a float tensor that requires one. A query row that the
+mask hides entirely gives 0 (torch 2.13 does the same; older releases gave NaN).
 
-``use_flashtile_sdpa()`` routes a model's ``torch.nn.functional.scaled_dot_product_attention``
-calls here for the duration of a ``with`` block (calls flashtile cannot take fall
-back to torch's own function).
+What torch accepts and flashtile does not compute (2-d inputs, a query batch that
+broadcasts against the keys', value's headdim different from query's, dropout_p = 1)
+raises ``NotImplementedError``: ``use_flashtile_sdpa()``, which routes a model's
+``torch.nn.functional.scaled_dot_product_attention`` calls here for the duration of a
+``with`` block, sends those calls back to torch's own function.
 """
 
 from __future__ import annotations
@@ -35,6 +37,34 @@ def _as_4d(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _batch_dims(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.shape[:-2] if t.dim() == 3 else t.shape[:-3])  # (N, L, E) has no head dim
+
+
+def _broadcastable(*shapes) -> bool:
+    try:
+        torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _mask_as_4d(mask: torch.Tensor, query: torch.Tensor, seqlen_k: int) -> torch.Tensor:
+    """attn_mask, broadcastable as torch requires to the attention weights (N, ..., L, S),
+    as a bias broadcastable to the 4-d view of the problem (see ``_as_4d``)."""
+    weights = (*query.shape[:-1], seqlen_k)
+    if not (mask.dim() <= len(weights) and _broadcastable(mask.shape, weights)
+            and torch.broadcast_shapes(mask.shape, weights) == weights):
+        raise RuntimeError(f"attn_mask: expected a shape broadcastable to the attention weights {weights} "
+                           f"(query's leading dims, L, S), got {tuple(mask.shape)}")
+    mask = mask[(None,) * (len(weights) - mask.dim())]  # as many dims as the weights
+    if mask.dim() == 3:
+        return mask.unsqueeze(1)  # (N, L, S) -> (N, 1, L, S), as the query's head dim
+    if mask.dim() > 4:  # the query's extra batch dims are folded into one: fold the mask's alike
+        return mask.expand(*query.shape[:-3], *mask.shape[-3:]).flatten(0, mask.dim() - 4)
+    return mask
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention, computed by flashtile.
@@ -45,7 +75,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         if t.dim() < 3:
-            raise ValueError(f"{name}: expected at least 3 dims (N, ..., L, E), got {t.dim()}-d")
+            raise NotImplementedError(f"{name}: flashtile needs at least 3 dims (N, ..., L, E), got {t.dim()}-d")
     if is_causal and attn_mask is not None:
         raise RuntimeError("attn_mask: must be None when is_causal=True (as in torch)")
     if value.shape[-1] != query.shape[-1]:
@@ -56,6 +86,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         check_tensor(name, t, 4)
     batch, heads_q, seqlen_q, headdim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    if _batch_dims(query) != _batch_dims(key) and _broadcastable(_batch_dims(query), _batch_dims(key)):
+        raise NotImplementedError(f"key: flashtile needs key's batch dims equal to query's (torch broadcasts "
+                                  f"them), got key {tuple(key.shape)} and query {tuple(query.shape)}")
     if k.shape[0] != batch or v.shape[:3] != k.shape[:3]:
         raise RuntimeError(f"key, value: expected batch {batch} and matching shapes, got key {tuple(key.shape)}, "
                            f"value {tuple(value.shape)}")
@@ -67,18 +100,23 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise RuntimeError(f"{name}: expected dtype {q.dtype} (the dtype of query), got {t.dtype}")
         if t.device != q.device:
             raise RuntimeError(f"{name}: expected device {q.device} (the device of query), got {t.device}")
+    if dropout_p == 1.0:
+        raise NotImplementedError("dropout_p: flashtile's kernels scale kept values by 1 / (1 - p), so p = 1 "
+                                  "is not computed (torch returns zeros)")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
     softmax_scale = 1.0 / math.sqrt(headdim) if scale is None else float(scale)
 
     bias = None
     if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:  # True = may attend: 0 where allowed, -inf elsewhere
-            bias = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~attn_mask, float("-inf"))
+        if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
+            raise RuntimeError(f"attn_mask: expected dtype torch.bool, torch.float32 or query's dtype {query.dtype} "
+                               f"(as in torch), got {attn_mask.dtype}")
+        mask = _mask_as_4d(attn_mask, query, seqlen_k)
+        if mask.dtype == torch.bool:  # True = may attend: 0 where allowed, -inf elsewhere
+            bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
         else:
-            bias = attn_mask
-        if bias.dim() > 4:
-            bias = bias.flatten(0, bias.dim() - 4)
+            bias = mask
         check_bias(bias, (batch, heads_q, seqlen_q, seqlen_k), q.device)
 
     # Top-left causal is the band j <= i + (seqlen_k - seqlen_q) + right with right = seqlen_q - seqlen_k.
