@@ -263,3 +263,13 @@ def test_bad_input_shape_raises():
         module(torch.randn(2, 5, 32))
     with pytest.raises(ValueError, match="x: expected"):
         module(torch.randn(5, EMBED))
+
+
+def test_rotary_tables_must_cover_every_position():
+    # One row of cos/sin broadcast silently over 11 positions before this check.
+    x = torch.randn(2, 11, 4, 16)
+    cos, sin = torch.ones(1, 8), torch.zeros(1, 8)
+    with pytest.raises(ValueError, match=r"^cos: expected shape \(seqlen, rotary_dim // 2\) = \(11, 8\), got \(1, 8\)"):
+        ftnn.apply_rotary(x, cos, sin)
+    with pytest.raises(ValueError, match=r"^sin: expected shape"):
+        ftnn.apply_rotary(x, torch.ones(11, 8), torch.zeros(11, 4))

@@ -40,6 +40,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
     rotary_dim = 2 * cos.shape[-1]
     if rotary_dim > x.shape[-1]:
         raise ValueError(f"cos: expected at most head_dim/2 = {x.shape[-1] // 2} pairs, got {cos.shape[-1]}")
+    for name, table in (("cos", cos), ("sin", sin)):  # one row per position: no silent broadcast of one row
+        if table.dim() != 2 or table.shape != (x.shape[1], cos.shape[-1]):
+            raise ValueError(f"{name}: expected shape (seqlen, rotary_dim // 2) = ({x.shape[1]}, {cos.shape[-1]}), "
+                             f"got {tuple(table.shape)}")
     compute = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
     rot, rest = x[..., :rotary_dim].to(compute), x[..., rotary_dim:]
     cos, sin = cos[:, None, :].to(compute), sin[:, None, :].to(compute)  # (seqlen, 1, pairs): broadcast over heads
