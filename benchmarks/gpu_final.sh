@@ -5,8 +5,8 @@
 #   bash benchmarks/gpu_final.sh bench   # speed, decode bandwidth, variants, masks, memory, sanitizer
 #   bash benchmarks/gpu_final.sh extra   # old-vs-new speed (OLD_SRC), ring attention (2 GPUs)
 #   bash benchmarks/gpu_final.sh io      # the IO model against Nsight Compute's DRAM bytes
-#   bash benchmarks/gpu_final.sh verify  # host-bound cases: launch overhead, N=1k speed, decode splits, varlen,
-#                                        # variants and masks (dropout and dK/dV-tiling changes to time)
+#   bash benchmarks/gpu_final.sh verify  # host time per call, the speed grid 1k-16k (FA2, cuDNN), decode,
+#                                        # variants (varlen included), masks: 8 files, ~550 s
 #   bash benchmarks/gpu_final.sh checks  # compute-sanitizer, and the Hypothesis GPU property test on GPU 1
 # At most 8 files come back from a device call: each mode writes few (times.txt included).
 # Logs under $OUT; a short summary is printed last.
@@ -39,18 +39,17 @@ case ${1:-tests} in
     tail -22 "$OUT/speed.log"; cat "$OUT/decode.log" "$OUT/variants.log" "$OUT/masks.log" "$OUT/memory.log"
     cat "$OUT/times.txt" ;;
   verify)
-    # Session 3 changed the host path (ops registration, decode combine kernel) after its
-    # last GPU call: these are the cases where the host shows.
+    # What needs the GPU after CPU-only changes: host time per call (dense, varlen, decode with
+    # and without append), the speed grid d64/d128 N 1k-16k against FA2 and cuDNN in one run,
+    # decode bandwidth (32:8 and 64:8 heads), the variants (varlen included) and the masks.
     step env timeout 90 python3 benchmarks/launch_overhead.py > "$OUT/launch.log" 2>&1
-    step env timeout 100 python3 benchmarks/speed_table.py --headdims 64 128 --seqlens 1024 4096 \
-      --impls flashtile sdpa-flash sdpa-cudnn > "$OUT/speed.log" 2>&1
-    for p in 2 8; do
-      step env timeout 60 python3 benchmarks/decode.py --no-flex --programs-per-sm $p --batches 1 4 32 128 \
-        --heads 32 >> "$OUT/decode.log" 2>&1
-    done
-    step env timeout 100 python3 benchmarks/variants.py >> "$OUT/variants.log" 2>&1
-    step env timeout 110 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
-    cat "$OUT/launch.log"; tail -6 "$OUT/speed.log"; grep -v "Warn\|fn = " "$OUT/decode.log"; cat "$OUT/variants.log"
+    step env timeout 200 python3 benchmarks/speed_table.py --headdims 64 128 --impls flashtile sdpa-flash sdpa-cudnn \
+      --json "$OUT/speed.json" > "$OUT/speed.log" 2>&1
+    step env timeout 80 python3 benchmarks/decode.py --no-flex --batches 1 4 32 128 --heads 32 64 \
+      > "$OUT/decode.log" 2>&1
+    step env timeout 100 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
+    step env timeout 120 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
+    cat "$OUT/launch.log"; tail -22 "$OUT/speed.log"; grep -v "Warn\|fn = " "$OUT/decode.log"; cat "$OUT/variants.log"
     cat "$OUT/masks.log" "$OUT/times.txt" ;;
   checks)
     # The property test runs meanwhile, on the second GPU where there is one, its six shards
