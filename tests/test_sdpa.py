@@ -97,7 +97,8 @@ def test_torch_only_cases_fall_back_under_use_flashtile_sdpa():
     # then run torch's own function.
     q2d = torch.randn(5, 8)
     q, k = torch.randn(1, 2, 5, 8), torch.randn(2, 2, 5, 8)
-    cases = [((q2d, q2d, q2d), {}), ((q, k, k), {}), ((q, q, q), {"dropout_p": 1.0})]
+    empty = torch.randn(0, 2, 5, 8)
+    cases = [((q2d, q2d, q2d), {}), ((q, k, k), {}), ((q, q, q), {"dropout_p": 1.0}), ((empty, empty, empty), {})]
     for args, kwargs in cases:
         with pytest.raises(NotImplementedError):
             flashtile.scaled_dot_product_attention(*args, **kwargs)
@@ -148,3 +149,35 @@ def test_use_flashtile_sdpa_routes_and_restores(monkeypatch):
     assert F.scaled_dot_product_attention is original
     assert len(calls) == 2
     assert max_error(out, original(q, q, q, is_causal=True)) < 1e-5
+
+
+def test_backend_limits_fall_back_under_use_flashtile_sdpa(monkeypatch):
+    # headdim 512 is beyond the Triton kernels: torch's own function computes it instead.
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    q = torch.randn(1, 1, 3, 512, device=DEVICE)
+    with pytest.raises(NotImplementedError, match=r"^q: headdim must be <= 256"):
+        flashtile.scaled_dot_product_attention(q, q, q)
+    with flashtile.use_flashtile_sdpa():
+        got = F.scaled_dot_product_attention(q, q, q)
+    assert torch.equal(got, F.scaled_dot_product_attention(q, q, q))
+
+
+def test_boolean_mask_is_not_expanded_over_folded_batch_dims(monkeypatch):
+    # A 5-d query folds its batch dims into one; a (L, S) mask must stay a broadcast (L, S)
+    # bias, not one copy per folded batch (it was 32 copies here for a while).
+    seen = []
+    real = flashtile.ops.attention
+
+    def spy(*args):
+        seen.append(args[11])  # the bias
+        return real(*args)
+
+    monkeypatch.setattr(flashtile.ops, "attention", spy)
+    monkeypatch.setenv("FLASHTILE_BACKEND", "reference")
+    q = torch.randn(4, 8, 2, 6, 16)
+    mask = torch.rand(6, 6) > 0.3
+    mask[:, 0] = True
+    out = flashtile.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    bias = seen[0]  # a broadcast view: its storage holds one (L, S) mask
+    assert bias.untyped_storage().nbytes() == mask.numel() * bias.element_size(), (tuple(bias.shape), bias.stride())
+    assert max_error(out, F.scaled_dot_product_attention(q, q, q, attn_mask=mask)) < 1e-5

@@ -7,9 +7,10 @@ torch broadcasts it, and becomes the kernels' bias (a boolean mask as 0 / -inf)
 with its gradient when it is a float tensor that requires one. A query row that the
 mask hides entirely gives 0 (torch 2.13 does the same; older releases gave NaN).
 
-What torch accepts and flashtile does not compute (2-d inputs, a query batch that
-broadcasts against the keys', value's headdim different from query's, dropout_p = 1)
-raises ``NotImplementedError``: ``use_flashtile_sdpa()``, which routes a model's
+What torch accepts and flashtile does not compute (2-d or empty inputs, a query batch
+that broadcasts against the keys', value's headdim different from query's, dropout_p = 1,
+what the selected backend cannot take: float64 or headdim > 256 on the GPU) raises
+``NotImplementedError``: ``use_flashtile_sdpa()``, which routes a model's
 ``torch.nn.functional.scaled_dot_product_attention`` calls here for the duration of a
 ``with`` block, sends those calls back to torch's own function.
 """
@@ -76,6 +77,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         if t.dim() < 3:
             raise NotImplementedError(f"{name}: flashtile needs at least 3 dims (N, ..., L, E), got {t.dim()}-d")
+        if t.numel() == 0:
+            raise NotImplementedError(f"{name}: flashtile needs non-empty tensors, got shape {tuple(t.shape)}")
     if is_causal and attn_mask is not None:
         raise RuntimeError("attn_mask: must be None when is_causal=True (as in torch)")
     if value.shape[-1] != query.shape[-1]:
@@ -112,18 +115,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
             raise RuntimeError(f"attn_mask: expected dtype torch.bool, torch.float32 or query's dtype {query.dtype} "
                                f"(as in torch), got {attn_mask.dtype}")
-        mask = _mask_as_4d(attn_mask, query, seqlen_k)
-        if mask.dtype == torch.bool:  # True = may attend: 0 where allowed, -inf elsewhere
-            bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
-        else:
-            bias = mask
+        bias = attn_mask
+        if bias.dtype == torch.bool:  # True = may attend: 0 where allowed, -inf elsewhere (at the mask's own size)
+            bias = torch.zeros(bias.shape, dtype=q.dtype, device=q.device).masked_fill_(~bias, float("-inf"))
+        bias = _mask_as_4d(bias, query, seqlen_k)
         check_bias(bias, (batch, heads_q, seqlen_q, seqlen_k), q.device)
 
     # Top-left causal is the band j <= i + (seqlen_k - seqlen_q) + right with right = seqlen_q - seqlen_k.
     window_right = seqlen_q - seqlen_k if is_causal else None
     seed = ops.new_dropout_seed(q.device) if dropout_p > 0 else None
     backend = select_backend(q.device, q.dtype)
-    check_backend_limits(backend, q.dtype, headdim)
+    try:
+        check_backend_limits(backend, q.dtype, headdim)
+    except (TypeError, ValueError) as err:  # e.g. float64 or headdim > 256 on the GPU: torch computes them
+        raise NotImplementedError(str(err)) from err
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, _ = ops.attention(
         q, k, v, "bhsd", softmax_scale, None, window_right, 0.0, None, backend,

@@ -33,7 +33,7 @@ def _fill_rows_outside_kernel(
         row = tl.where(pad < first, pad, pad - first + last).to(tl.int64)
         for c0 in range(0, num_cols, BLOCK_C):
             cols = c0 + offs_c
-            tl.store(X + row[:, None] * stride_row + cols[None, :] * stride_col, fill,
+            tl.store(X + row[:, None] * stride_row + cols[None, :].to(tl.int64) * stride_col, fill,
                      mask=(pad < num_pad)[:, None] & (cols < num_cols)[None, :])
 
 
