@@ -215,10 +215,6 @@ def flash_attn_with_kvcache(
     backend = select_backend(device, q.dtype)
     check_backend_limits(backend, q.dtype, headdim)
     if backend == "triton":
-        # The kernel reads entry b at index + b (a block table's row with its stride): strided
-        # views of the index tensors (lengths[::2]) are copied; contiguous ones pass as they are.
-        seqlens_k, cache_batch_idx, cache_leftpad, block_table = (
-            t.contiguous() if t is not None else None for t in (seqlens_k, cache_batch_idx, cache_leftpad, block_table))
         from .kernels.decode_launch import combine_splits, decode_attention_triton
 
         out_parts, lse_parts = decode_attention_triton(

@@ -91,8 +91,8 @@ def flash_attn_varlen_func(
     max_seqlen_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, q.shape[0], None, max_seqlen_q, "max_seqlen_q")
     batch = cu_seqlens_q.shape[0] - 1
-    # Self-attention passes one offsets tensor twice: its device checks (about ten small
-    # kernels, each a host round trip) need not run again.
+    # Self-attention passes one offsets tensor twice: its device check (seven small
+    # kernels, each a launch) need not run again.
     if not (cu_seqlens_k is cu_seqlens_q and k.shape[0] == q.shape[0] and max_seqlen_k == max_seqlen_q):
         _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, k.shape[0], batch, max_seqlen_k, "max_seqlen_k")
     softmax_scale = check_options(
@@ -104,8 +104,6 @@ def flash_attn_varlen_func(
     check_backend_limits(backend, q.dtype, headdim)
     band = normalize_window(causal, window_size)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
-    # The kernels read offset i at cu_seqlens + i: a strided view (offsets[::2]) is copied.
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     out, lse = ops.attention(
         q, k, v, "thd", softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
         bool(torch.backends.cuda.matmul.allow_tf32), None, float(dropout_p), seed, cu_seqlens_q, cu_seqlens_k,

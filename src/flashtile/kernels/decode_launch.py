@@ -74,6 +74,10 @@ def decode_attention_triton(
     batch, seqlen_q, heads_q, head_dim = q.shape
     heads_kv = k_cache.shape[2]
     group = heads_q // heads_kv
+    # The kernel reads entry b at index + b (a block table's row with its stride): strided
+    # views of the index tensors (lengths[::2]) are copied; contiguous ones pass as they are.
+    seqlens_k, cache_batch_idx, cache_leftpad, block_table = (
+        t.contiguous() if t is not None else None for t in (seqlens_k, cache_batch_idx, cache_leftpad, block_table))
     page_size = k_cache.shape[1] if block_table is not None else None
     max_keys = block_table.shape[1] * page_size if block_table is not None else k_cache.shape[1]
     rows = seqlen_q * group

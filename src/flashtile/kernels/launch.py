@@ -134,6 +134,11 @@ class Varlen:
     max_seqlen_q: int
     max_seqlen_k: int
 
+    def __post_init__(self):
+        # The kernels read offset i at cu_seqlens + i: a strided view (offsets[::2]) is copied.
+        object.__setattr__(self, "cu_seqlens_q", self.cu_seqlens_q.contiguous())
+        object.__setattr__(self, "cu_seqlens_k", self.cu_seqlens_k.contiguous())
+
 
 def _problem(q, k, varlen: Varlen | None):
     """(batch, seqlen_q, seqlen_k) as the grid sees them: sequences and maxima when packed."""
