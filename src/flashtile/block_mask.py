@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .mask_mods import MaskMod, mask_mod as as_mask_mod
-from .op_names import OpNames
+from .op_names import OpNames, constant_under_compile
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,17 +128,10 @@ def create_block_mask(mask, batch: int = 1, heads: int = 1, seqlen_q: int = 1, s
 _names: OpNames[BlockMask] = OpNames("block mask")
 
 
+@constant_under_compile
 def register(block_mask: BlockMask) -> str:
     """A name the custom ops can carry (see :mod:`flashtile.op_names`)."""
     return _names.register(block_mask, "blockmask")
-
-
-# Under torch.compile, Dynamo runs register while tracing and bakes the name into the
-# graph (a constant result): registering is Python a graph cannot hold. The graph guards
-# on the object, so another object recompiles (tests/test_mask_mods.py). This is what
-# torch.compiler.assume_constant_result sets; calling that here would import torch._dynamo
-# (and with it Triton) whenever flashtile is imported.
-register._dynamo_marked_constant = True
 
 
 def lookup(key: str) -> BlockMask:

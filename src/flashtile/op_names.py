@@ -11,9 +11,22 @@ object alive until the backward has run (a dead one gives a clear error, not a w
 from __future__ import annotations
 
 import weakref
-from typing import Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
+
+
+def constant_under_compile(register: Callable) -> Callable:
+    """Mark a module-level ``register`` as a constant-result function for Dynamo.
+
+    Under torch.compile, Dynamo then runs it while tracing and bakes the name into the
+    graph: registering is Python a graph cannot hold. The graph guards on the object, so
+    another object recompiles (tests/test_mask_mods.py). This is what
+    torch.compiler.assume_constant_result sets; calling that would import torch._dynamo (and
+    with it Triton) whenever flashtile is imported.
+    """
+    register._dynamo_marked_constant = True
+    return register
 
 
 class OpNames(Generic[T]):

@@ -35,7 +35,7 @@ from typing import Callable
 import torch
 
 from .mask_mods import _exec_source, _jit_user
-from .op_names import OpNames
+from .op_names import OpNames, constant_under_compile
 
 # The custom ops take a score modifier by name (see flashtile.op_names).
 _names: OpNames[ScoreMod] = OpNames("score_mod")
@@ -204,17 +204,10 @@ def alibi_score(slopes: torch.Tensor) -> ScoreMod:
     return dataclasses.replace(mod, per_head_buffer=True)
 
 
+@constant_under_compile
 def register(mod: ScoreMod) -> str:
     """A name the custom ops can carry; the modifier stays registered while it is alive."""
     return _names.register(mod, mod.name)
-
-
-# Under torch.compile, Dynamo runs register while tracing and bakes the name into the
-# graph (a constant result): registering is Python a graph cannot hold. The graph guards
-# on the object, so another object recompiles (tests/test_mask_mods.py). This is what
-# torch.compiler.assume_constant_result sets; calling that here would import torch._dynamo
-# (and with it Triton) whenever flashtile is imported.
-register._dynamo_marked_constant = True
 
 
 def lookup(key: str) -> ScoreMod:
