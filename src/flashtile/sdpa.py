@@ -42,20 +42,19 @@ def _batch_dims(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.shape[:-2] if t.dim() == 3 else t.shape[:-3])  # (N, L, E) has no head dim
 
 
-def _broadcastable(*shapes) -> bool:
+def _broadcast_shape(*shapes) -> tuple[int, ...] | None:
+    """The shapes' broadcast, or None when they do not broadcast."""
     try:
-        torch.broadcast_shapes(*shapes)
+        return tuple(torch.broadcast_shapes(*shapes))
     except RuntimeError:
-        return False
-    return True
+        return None
 
 
 def _mask_as_4d(mask: torch.Tensor, query: torch.Tensor, seqlen_k: int) -> torch.Tensor:
     """attn_mask, broadcastable as torch requires to the attention weights (N, ..., L, S),
     as a bias broadcastable to the 4-d view of the problem (see ``_as_4d``)."""
     weights = (*query.shape[:-1], seqlen_k)
-    if not (mask.dim() <= len(weights) and _broadcastable(mask.shape, weights)
-            and torch.broadcast_shapes(mask.shape, weights) == weights):
+    if mask.dim() > len(weights) or _broadcast_shape(mask.shape, weights) != weights:
         raise RuntimeError(f"attn_mask: expected a shape broadcastable to the attention weights {weights} "
                            f"(query's leading dims, L, S), got {tuple(mask.shape)}")
     mask = mask[(None,) * (len(weights) - mask.dim())]  # as many dims as the weights
@@ -89,7 +88,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         check_tensor(name, t, 4)
     batch, heads_q, seqlen_q, headdim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    if _batch_dims(query) != _batch_dims(key) and _broadcastable(_batch_dims(query), _batch_dims(key)):
+    if _batch_dims(query) != _batch_dims(key) and _broadcast_shape(_batch_dims(query), _batch_dims(key)) is not None:
         raise NotImplementedError(f"key: flashtile needs key's batch dims equal to query's (torch broadcasts "
                                   f"them), got key {tuple(key.shape)} and query {tuple(query.shape)}")
     if k.shape[0] != batch or v.shape[:3] != k.shape[:3]:

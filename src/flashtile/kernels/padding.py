@@ -45,10 +45,10 @@ def fill_rows_outside(x: torch.Tensor, cu_seqlens: torch.Tensor, value: float) -
     total, cols = x.shape
     if total == 0 or cols == 0:
         return
-    block_c = min(512, triton.next_power_of_2(max(cols, 1)))
+    block_c = min(512, triton.next_power_of_2(cols))
     block_r = max(1, 4096 // block_c)
     programs = 1 if interpreting() else min(_PROGRAMS, triton.cdiv(total, block_r))
-    _fill_rows_outside_kernel[(max(programs, 1),)](
+    _fill_rows_outside_kernel[(programs,)](
         x, cu_seqlens, cu_seqlens.shape[0] - 1, total, cols, x.stride(0), x.stride(1), float(value),
         BLOCK_R=block_r, BLOCK_C=block_c, num_warps=1 if interpreting() else 4,
     )
