@@ -28,6 +28,14 @@ flashtile.flash_attn_with_kvcache(torch.randn(2, 3, 4, 64, device="cuda", dtype=
 flashtile.flash_attn_with_kvcache(torch.randn(2, 1, 4, 64, device="cuda", dtype=torch.float16), kc, kc.clone(),
                                   block_table=table, cache_seqlens=torch.tensor([50, 7], dtype=torch.int32,
                                                                                device="cuda"), num_splits=3)
+# Appending new tokens to a contiguous cache with left padding: the append index and the
+# single-split path that stores straight into the query's dtype.
+dense_k, dense_v = (torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+flashtile.flash_attn_with_kvcache(torch.randn(2, 2, 4, 64, device="cuda", dtype=torch.float16), dense_k, dense_v,
+                                  k=torch.randn(2, 2, 2, 64, device="cuda", dtype=torch.float16),
+                                  v=torch.randn(2, 2, 2, 64, device="cuda", dtype=torch.float16),
+                                  cache_seqlens=torch.tensor([20, 37], dtype=torch.int32, device="cuda"),
+                                  cache_leftpad=torch.tensor([3, 0], dtype=torch.int32, device="cuda"), causal=True)
 # Block-sparse kernels: a document mask (partial and full tiles) with a score_mod.
 ids = torch.tensor([0] * 30 + [1] * 45, dtype=torch.int32, device="cuda")
 mask = flashtile.mask_mods.and_masks(flashtile.mask_mods.causal_mask(), flashtile.mask_mods.document_mask(ids))

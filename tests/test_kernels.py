@@ -201,6 +201,7 @@ def test_gpu_many_batch_heads_beyond_grid_limit():
 
 
 @pytest.mark.gpu
+@pytest.mark.large_memory
 def test_gpu_tensors_beyond_2_31_elements():
     # 66000 × 256 × 1 × 128 > 2³¹ elements: the last batches live past every 32-bit offset.
     batch = 66000

@@ -196,6 +196,7 @@ def test_first_sequence_may_start_past_row_0(backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.large_memory
 def test_gpu_varlen_offsets_beyond_2_31_elements(monkeypatch):
     # One short sequence at row 600000 of (rows, 32, 128) tensors: its first element lies at
     # 600000 × 4096 > 2³¹, so only 64-bit offsets reach it (cu_seqlens[0] > 0 spares the
