@@ -23,6 +23,8 @@ case ${1:-tests} in
     # off by the time limit still names its failures. test_compile_check compiles for sm_90
     # on the CPU: CI's job, skipped here. Two torch threads per worker: 16 workers with a
     # thread per core each oversubscribed the CPUs and slowed the CPU-side tests 10-fold.
+    # --dist load hands the tests out one per worker in collection order, which conftest.py
+    # puts longest first on a GPU machine (the property shards).
     # Tests marked large_memory (tens of GB each) run alone afterwards: beside 15 other workers
     # two of them filled a GPU and made their neighbours fail with out-of-memory errors.
     run_tests() {
@@ -31,7 +33,7 @@ case ${1:-tests} in
         --timeout=300 --ignore=tests/test_compile_check.py --durations=30 ${TESTS:-tests/} >> "$OUT/tests.log" 2>&1
     }
     start=$SECONDS
-    run_tests "${TEST_LIMIT:-520}" -n "${WORKERS:-8}" --dist worksteal -m "not large_memory"
+    run_tests "${TEST_LIMIT:-520}" -n "${WORKERS:-8}" --dist load -m "not large_memory"
     run_tests $(( ${TEST_LIMIT:-520} + 60 - (SECONDS - start) )) -m large_memory
     cut -f1 "$OUT/report.tsv" | sort | uniq -c
     grep -v "^passed\|^skipped" "$OUT/report.tsv" | head -30

@@ -42,6 +42,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_slow)
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+    if HAS_CUDA:
+        # The longest first, so that xdist's load scheduling (one test per worker, in
+        # order) starts them at once: the Hypothesis GPU shards (250-430 s, compiling),
+        # then the other gpu tests; started last, two shards outran the GPU call's limit.
+        def rank(item):
+            name = getattr(item, "originalname", "")
+            return 0 if name == "test_gpu_kernels_match_oracle" else 1 if "gpu" in item.keywords else 2
+        items.sort(key=rank)  # stable: file order within each rank
 
 
 @pytest.fixture(autouse=True)
