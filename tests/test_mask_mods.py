@@ -108,6 +108,27 @@ def test_block_mask_classifies_tiles():
     assert ragged.kv_partial[0, 0].tolist() == [1, 1, 3] and ragged.kv_count[0, 0].tolist() == [1, 2, 3]
 
 
+def later_half_causal(b, h, q_idx, kv_idx):  # a plain function, as FlexAttention users write them
+    return (q_idx >= kv_idx) & (kv_idx >= q_idx // 2)
+
+
+def test_plain_function_pairs_with_its_block_mask(backend):
+    # FlexAttention's idiom: the same plain function to create_block_mask and to attention.
+    # It was wrapped anew by each, and the pair was refused as "another mask_mod".
+    check_mask(later_half_causal, blocks=(16, 16))
+
+
+def test_plain_function_builds_its_block_mask_once():
+    from flashtile.block_mask import _cached
+
+    assert mask_mod(later_half_causal) is mask_mod(later_half_causal)
+    q = torch.randn(1, 29, 2, 16, device=DEVICE)
+    flashtile.attention(q, q, q, mask_mod=later_half_causal)
+    misses = _cached.cache_info().misses
+    flashtile.attention(q, q, q, mask_mod=later_half_causal)
+    assert _cached.cache_info().misses == misses  # the second call reused the first's block mask
+
+
 def test_block_mask_is_cached_and_sparse_documents_cost_less():
     docs = torch.arange(256, dtype=torch.int32) // 32  # 8 documents of 32
     mask = and_masks(causal_mask(), document_mask(docs))

@@ -39,6 +39,10 @@ import torch
 _counter = itertools.count()
 
 
+# A plain function passed as mask_mod=fn is wrapped once: the MaskMod is kept on it.
+_CACHE_ATTR = "_flashtile_mask_mod"
+
+
 @dataclass(frozen=True, eq=False)
 class MaskMod:
     """A mask usable on both backends.
@@ -128,13 +132,26 @@ def _generated(name: str, body: str, buffer=None, parts: tuple = ()) -> MaskMod:
 
 def mask_mod(fn: Callable) -> MaskMod:
     """Wrap a plain ``fn(b, h, q_idx, kv_idx)`` (operators only; no closures or globals
-    other than jitted functions) so that both backends can run it."""
+    other than jitted functions) so that both backends can run it.
+
+    A function is wrapped once (the MaskMod is kept on it, as score_mod does): so that
+    ``create_block_mask(fn, ...)`` pairs with ``attention(..., mask_mod=fn, block_mask=bm)``,
+    and repeated calls with ``mask_mod=fn`` reuse one block mask and one compiled kernel.
+    """
     if isinstance(fn, MaskMod):
         return fn
+    cached = getattr(fn, _CACHE_ATTR, None)
+    if cached is not None:
+        return cached
     if not callable(fn):
         raise TypeError(f"mask_mod: expected a function (b, h, q_idx, kv_idx) -> bool, got {type(fn).__name__}")
-    return MaskMod(getattr(fn, "__name__", "user_mask"), lambda b, h, q, kv, buffer: fn(b, h, q, kv), None,
-                   user_fn=fn)
+    mod = MaskMod(getattr(fn, "__name__", "user_mask"), lambda b, h, q, kv, buffer: fn(b, h, q, kv), None,
+                  user_fn=fn)
+    try:  # kept on the function itself: it goes when the function goes
+        setattr(fn, _CACHE_ATTR, mod)
+    except (AttributeError, TypeError):
+        pass  # a callable that takes no attributes is wrapped anew on each call
+    return mod
 
 
 def causal_mask() -> MaskMod:
