@@ -56,6 +56,9 @@ case ${1:-tests} in
       --json "$OUT/speed.json" > "$OUT/speed.log" 2>&1
     step env timeout 80 python3 benchmarks/decode.py --no-flex --batches 1 4 32 128 --heads 32 64 \
       > "$OUT/decode.log" 2>&1
+    # Batch 32 with two splits (4 programs per SM) against one: does the paged cache's 78% rise?
+    step env timeout 60 python3 benchmarks/decode.py --no-flex --batches 32 --heads 32 --programs-per-sm 4 \
+      >> "$OUT/decode.log" 2>&1
     step env timeout 100 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
     step env timeout 120 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
     step env timeout 60 python3 benchmarks/kernel_times.py >> "$OUT/variants.log" 2>&1
