@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_final.sh extra   # old-vs-new speed (OLD_SRC), ring attention (2 GPUs)
 #   bash benchmarks/gpu_final.sh io      # the IO model against Nsight Compute's DRAM bytes
 #   bash benchmarks/gpu_final.sh verify  # host time per call, the speed grid 1k-16k (FA2, cuDNN), decode,
-#                                        # variants (varlen included), masks, backward kernel times: 8 files, ~230 s
+#                                        # variants (varlen included), masks, backward kernel times: 8 files, ~230 s;
+#                                        # OLD_SRC (a src/ tree, as for extra) adds kernel times and masks of it
 #   bash benchmarks/gpu_final.sh checks  # compute-sanitizer, and the Hypothesis GPU property test on GPU 1
 # At most 8 files come back from a device call: each mode writes few (times.txt included).
 # Logs under $OUT; a short summary is printed last.
@@ -62,6 +63,11 @@ case ${1:-tests} in
     step env timeout 100 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
     step env timeout 120 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
     step env timeout 60 python3 benchmarks/kernel_times.py >> "$OUT/variants.log" 2>&1
+    if [[ -n "${OLD_SRC:-}" ]]; then  # the same two on an older src/ tree (see extra), for an A/B in one call
+      { echo "== OLD_SRC=$OLD_SRC"; } | tee -a "$OUT/variants.log" >> "$OUT/masks.log"
+      step env PYTHONPATH="$OLD_SRC" timeout 60 python3 benchmarks/kernel_times.py >> "$OUT/variants.log" 2>&1
+      step env PYTHONPATH="$OLD_SRC" timeout 120 python3 benchmarks/masks.py --no-flex >> "$OUT/masks.log" 2>&1
+    fi
     cat "$OUT/launch.log"; tail -22 "$OUT/speed.log"; grep -v "Warn\|fn = " "$OUT/decode.log"; cat "$OUT/variants.log"
     cat "$OUT/masks.log" "$OUT/times.txt" ;;
   checks)
