@@ -129,6 +129,19 @@ def test_plain_function_builds_its_block_mask_once():
     assert _cached.cache_info().misses == misses  # the second call reused the first's block mask
 
 
+def test_block_mask_schedules_the_longest_lists_first():
+    # Causal over 4 × 4 tiles: Q tile 3 visits 4 K/V tiles, tile 0 one; K/V tile 0 is seen
+    # by 4 Q tiles. The kernels run programs in this order (the grid's tail stays short).
+    bm = flashtile.create_block_mask(causal_mask(), seqlen_q=64, seqlen_k=64, block_m=16, block_n=16)
+    assert bm.kv_order[0, 0].tolist() == [3, 2, 1, 0] and bm.q_order[0, 0].tolist() == [0, 1, 2, 3]
+    # Per head: head 1 is a prefix mask (every Q tile sees K/V tile 0 only), so ties keep the
+    # ascending order; each schedule is a permutation of the tiles.
+    per_head = mask_mod(lambda b, h, q, kv: (h == 0) & (q >= kv) | (h == 1) & (kv < 16))
+    bm = flashtile.create_block_mask(per_head, heads=2, seqlen_q=64, seqlen_k=64, block_m=16, block_n=16)
+    assert bm.kv_order[0, 0].tolist() == [3, 2, 1, 0] and bm.kv_order[0, 1].tolist() == [0, 1, 2, 3]
+    assert bm.q_order[0, 1].tolist() == [0, 1, 2, 3] and bm.kv_order.dtype == torch.int32
+
+
 def test_block_mask_is_cached_and_sparse_documents_cost_less():
     docs = torch.arange(256, dtype=torch.int32) // 32  # 8 documents of 32
     mask = and_masks(causal_mask(), document_mask(docs))

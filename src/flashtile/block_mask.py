@@ -12,9 +12,15 @@ Layout (B and H are 1 when the mask does not depend on them)::
     kv_indices    (B, H, num_q_tiles, num_kv_tiles) int32: partial tiles first, then full
     kv_partial    (B, H, num_q_tiles) int32: how many of them are partial
     kv_count      (B, H, num_q_tiles) int32: how many are visited in all
-    q_indices, q_partial, q_count: the same per K/V tile, for the backward's dK/dV pass,
-                  on the transposed tiling: K/V tiles of BLOCK_M keys, Q tiles of BLOCK_N
-                  queries (``dkdv_blocks``)
+    kv_order      (B, H, num_q_tiles) int32: the Q tiles, most visited K/V tiles first
+    q_indices, q_partial, q_count, q_order: the same per K/V tile, for the backward's dK/dV
+                  pass, on the transposed tiling: K/V tiles of BLOCK_M keys, Q tiles of
+                  BLOCK_N queries (``dkdv_blocks``)
+
+The kernels run their programs in the ``*_order`` order, longest lists first, as the
+built-in causal kernels do (their longest rows first): a grid that ends on its longest
+programs leaves the GPU idle but for them. A causal mask_mod in ascending order ran 1.19×
+the built-in causal forward with the same tiles on the H200 (128 × 128, N = 16k).
 
 The dK/dV kernel holds a K/V tile and streams Q tiles past it; its tuned shape on the
 H200 is few Q rows past many K/V rows (64 × 128 at d128), the forward's tiles transposed.
@@ -45,9 +51,11 @@ class BlockMask:
     kv_indices: torch.Tensor
     kv_partial: torch.Tensor
     kv_count: torch.Tensor
+    kv_order: torch.Tensor
     q_indices: torch.Tensor
     q_partial: torch.Tensor
     q_count: torch.Tensor
+    q_order: torch.Tensor
 
     @property
     def dkdv_blocks(self) -> tuple[int, int]:
@@ -84,13 +92,15 @@ def _classify(mask: MaskMod, batch, heads, seqlen_q, seqlen_k, block_m, block_n,
 
 
 def _lists(kinds: torch.Tensor):
-    """Per row: indices of partial tiles then full tiles, and their counts."""
+    """Per row: indices of partial tiles then full tiles, their counts, and the rows'
+    schedule (most visited tiles first; ties in ascending order)."""
     # Sort key: partial (0) before full (1) before empty (2); stable keeps ascending tiles.
     order_key = torch.where(kinds == 1, 0, torch.where(kinds == 2, 1, 2)).to(torch.int16)
     indices = torch.sort(order_key, dim=-1, stable=True).indices.to(torch.int32)
     partial = (kinds == 1).sum(dim=-1, dtype=torch.int32)
     count = partial + (kinds == 2).sum(dim=-1, dtype=torch.int32)
-    return indices.contiguous(), partial.contiguous(), count.contiguous()
+    schedule = torch.sort(count, dim=-1, descending=True, stable=True).indices.to(torch.int32)
+    return indices.contiguous(), partial.contiguous(), count.contiguous(), schedule.contiguous()
 
 
 @functools.lru_cache(maxsize=64)

@@ -149,7 +149,8 @@ def _bwd_dkdv_inner(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, Delta, DK, DV, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, QIdx, QPartial, QCount, MaskBuf, ScoreBuf,
+    Q, K, V, DO, LSE, Delta, DK, DV, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, QIdx, QPartial, QCount, QOrder, MaskBuf,
+    ScoreBuf,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -175,6 +176,8 @@ def _bwd_dkdv_kernel(
     bh = pid // num_n_blocks
     batch = bh // num_heads_kv
     head_kv = bh % num_heads_kv
+    if MASK_MOD is not None:  # the longest Q lists first (BlockMask.q_order, of the group's first head)
+        block_n = tl.load(QOrder + batch * stride_cb + head_kv * group_size * stride_ch + block_n)
     start_q = 0
     start_k = 0
     if IS_VARLEN:  # see _fwd_kernel
@@ -326,7 +329,7 @@ def _bwd_dq_inner(
 @triton.jit
 def _bwd_dq_kernel(
     Q, K, V, DO, LSE, Delta, DQ, Alibi, Bias, DBias, Cu_seqlens_q, Cu_seqlens_k, KvIdx, KvPartial, KvCount,
-    MaskBuf, ScoreBuf,
+    KvOrder, MaskBuf, ScoreBuf,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -348,11 +351,13 @@ def _bwd_dq_kernel(
     if HAS_DROPOUT:
         seed = tl.load(Seed)
     block_m = pid % num_m_blocks
-    if HAS_RIGHT:
-        block_m = num_m_blocks - 1 - block_m
     bh = pid // num_m_blocks
     batch = bh // num_heads_q
     head = bh % num_heads_q
+    if MASK_MOD is not None:  # the longest rows first, as in _fwd_kernel
+        block_m = tl.load(KvOrder + batch * stride_cb + head * stride_ch + block_m)
+    elif HAS_RIGHT:
+        block_m = num_m_blocks - 1 - block_m
     head_kv = head // group_size
     start_q = 0
     start_k = 0

@@ -73,19 +73,21 @@ def _bias_args(bias: torch.Tensor | None, q: torch.Tensor, seqlen_k: int):
 
 
 def _block_mask_args(block_mask, transposed: bool, dummy: torch.Tensor):
-    """(indices, partial counts, counts, mask buffer), their strides (0 where the block mask
-    is shared by all batch entries or heads), and the jitted mask, or dummies without one."""
+    """(indices, partial counts, counts, schedule, mask buffer), their strides (0 where the
+    block mask is shared by all batch entries or heads; the schedule has the counts'), and
+    the jitted mask, or dummies without one."""
     if block_mask is None:
-        return (dummy, dummy, dummy, dummy), (0, 0, 0, 0, 0), None
+        return (dummy, dummy, dummy, dummy, dummy), (0, 0, 0, 0, 0), None
     if transposed:
-        idx, partial, count = block_mask.q_indices, block_mask.q_partial, block_mask.q_count
+        idx, partial, count, order = block_mask.q_indices, block_mask.q_partial, block_mask.q_count, block_mask.q_order
     else:
-        idx, partial, count = block_mask.kv_indices, block_mask.kv_partial, block_mask.kv_count
+        idx, partial, count, order = (block_mask.kv_indices, block_mask.kv_partial, block_mask.kv_count,
+                                      block_mask.kv_order)
     buffer = block_mask.mask.buffer if block_mask.mask.buffer is not None else dummy
     shared_b, shared_h = block_mask.batch == 1, block_mask.heads == 1
     strides = (0 if shared_b else idx.stride(0), 0 if shared_h else idx.stride(1), idx.stride(2),
                0 if shared_b else count.stride(0), 0 if shared_h else count.stride(1))
-    return (idx, partial, count, buffer), strides, block_mask.mask.triton_fn()
+    return (idx, partial, count, order, buffer), strides, block_mask.mask.triton_fn()
 
 
 def _fit_args(bias: torch.Tensor | None, block_mask, dropout_p: float) -> dict:
