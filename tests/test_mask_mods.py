@@ -142,6 +142,24 @@ def test_block_mask_schedules_the_longest_lists_first():
     assert bm.q_order[0, 1].tolist() == [0, 1, 2, 3] and bm.kv_order.dtype == torch.int32
 
 
+def late_keys_or_prefix(b, h, q_idx, kv_idx):
+    # Rows see the keys from their own position on (an early Q tile sees the most, the
+    # reverse of causal) on even heads of batch 0, a 16-key prefix on odd heads, causal
+    # on batch 1: every schedule (forward, dQ, dK/dV) differs per batch and head.
+    late = (q_idx <= kv_idx) & (h % 2 == 0) | (kv_idx < 16) & (h % 2 == 1)
+    return (b == 0) & late | (b != 0) & (q_idx >= kv_idx)
+
+
+@pytest.mark.parametrize("blocks", [(32, 16), (16, 32)], ids=["32x16", "16x32"])
+def test_schedules_that_differ_per_batch_and_head_match_oracle(backend, blocks):
+    bm = flashtile.create_block_mask(late_keys_or_prefix, 2, 4, 45, 70, DEVICE, *blocks)
+    for order, count in ((bm.kv_order, bm.kv_count), (bm.q_order, bm.q_count)):
+        assert torch.equal(order.sort(dim=-1).values, torch.arange(order.shape[-1]).expand_as(order).to(order))
+        assert (count.gather(-1, order.long()).diff(dim=-1) <= 0).all()  # most visited first
+    assert bm.q_order[0, 0].tolist() != sorted(bm.q_order[0, 0].tolist())  # not the identity
+    check_mask(late_keys_or_prefix, seqlen_q=45, seqlen_k=70, blocks=blocks)
+
+
 def test_block_mask_is_cached_and_sparse_documents_cost_less():
     docs = torch.arange(256, dtype=torch.int32) // 32  # 8 documents of 32
     mask = and_masks(causal_mask(), document_mask(docs))
