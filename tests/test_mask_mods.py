@@ -94,6 +94,41 @@ def test_dkdv_lists_use_the_transposed_tiling():
     assert bm.q_count[0, 0].tolist() == [4, 2] and bm.q_partial[0, 0].tolist() == [2, 2]
 
 
+def test_backward_tiles_are_at_most_64_keys_wide_by_default():
+    # 128 × 128 tiles suit the forward at d128; the dK/dV pass on them spilled (3.01× the
+    # built-in backward on the H200), so the backward tiles keys by 64 unless told otherwise.
+    wide = flashtile.create_block_mask(causal_mask(), seqlen_q=256, seqlen_k=256, block_m=128, block_n=128)
+    assert wide.backward_blocks == (128, 64) and wide.dkdv_blocks == (64, 128)
+    assert wide.kv_indices.shape[-2:] == (2, 2) and wide.dq_indices.shape[-2:] == (2, 4)
+    assert wide.q_indices.shape[-2:] == (2, 4)  # per K/V tile of 128 keys, Q tiles of 64 queries
+    assert wide.dq_count[0, 0].tolist() == [2, 4] and wide.q_count[0, 0].tolist() == [4, 2]
+    # At most 64 wide already: the dQ pass shares the forward's lists.
+    narrow = flashtile.create_block_mask(causal_mask(), seqlen_q=256, seqlen_k=256, block_m=128, block_n=64)
+    assert narrow.backward_blocks == (128, 64) and narrow.dq_indices is narrow.kv_indices
+    told = flashtile.create_block_mask(causal_mask(), seqlen_q=256, seqlen_k=256, block_m=128, block_n=128,
+                                       backward_block_n=128)
+    assert told.dkdv_blocks == (128, 128) and told.dq_indices is told.kv_indices
+    with pytest.raises(ValueError, match=r"^backward_block_n: expected a power of two >= 16, got 48$"):
+        flashtile.create_block_mask(causal_mask(), seqlen_q=64, seqlen_k=64, backward_block_n=48)
+
+
+@pytest.mark.parametrize("tiles", [(32, 32, 16), (16, 32, 16), (32, 16, 32)], ids=["fwd32x32-bwd16", "fwd16x32-bwd16",
+                                                                               "fwd32x16-bwd32"])
+def test_backward_tiling_apart_from_the_forward_matches_oracle(backend, tiles):
+    block_m, block_n, backward_block_n = tiles
+    mask = and_masks(causal_mask(), sliding_window_mask(20))
+    bm = flashtile.create_block_mask(mask, 2, 4, 45, 70, DEVICE, block_m, block_n, backward_block_n)
+    assert bm.backward_blocks == (block_m, backward_block_n)
+    q = torch.randn(2, 45, 4, 16, device=DEVICE, requires_grad=True)
+    k, v = (torch.randn(2, 70, 2, 16, device=DEVICE, requires_grad=True) for _ in range(2))
+    out = flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    visible = dense_mask(mask, 2, 4, 45, 70, DEVICE)
+    bias = torch.zeros(visible.shape, device=DEVICE).masked_fill(~visible, float("-inf"))
+    assert_grads_match_oracle(out, grads, q, k, v, dout, bias=bias)
+
+
 def test_block_mask_classifies_tiles():
     bm = flashtile.create_block_mask(causal_mask(), seqlen_q=64, seqlen_k=64, block_m=16, block_n=16)
     # Causal over 4 × 4 tiles: the diagonal is partial, below it full, above it empty.
