@@ -119,6 +119,13 @@ def test_backward_tiling_apart_from_the_forward_matches_oracle(backend, tiles):
     mask = and_masks(causal_mask(), sliding_window_mask(20))
     bm = flashtile.create_block_mask(mask, 2, 4, 45, 70, DEVICE, block_m, block_n, backward_block_n)
     assert bm.backward_blocks == (block_m, backward_block_n)
+    # Each pass's lists on its own tiling (a list at the wrong one could still cover the
+    # visible keys when every visited tile is partial, which the oracle alone would miss).
+    tiles_q, tiles_k = -(-45 // block_m), -(-70 // backward_block_n)
+    assert bm.dq_indices.shape[-2:] == (tiles_q, tiles_k) and bm.q_indices.shape[-2:] == (-(-70 // block_m),
+                                                                                          -(-45 // backward_block_n))
+    for order in (bm.dq_order, bm.q_order):
+        assert torch.equal(order.sort(dim=-1).values, torch.arange(order.shape[-1]).expand_as(order).to(order))
     q = torch.randn(2, 45, 4, 16, device=DEVICE, requires_grad=True)
     k, v = (torch.randn(2, 70, 2, 16, device=DEVICE, requires_grad=True) for _ in range(2))
     out = flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm)

@@ -117,7 +117,7 @@ def _block_mask_tiles_must_fit(blocks: tuple[int, int], head_dim: int, dtype: to
         raise ValueError(
             f"block_mask: its {blocks[0]}×{blocks[1]} tiles do not fit in this GPU's shared "
             f"memory at headdim {head_dim}, {dtype} ({err}); build it with smaller tiles, e.g. "
-            f"create_block_mask(..., block_m=64, block_n=64)") from err
+            f"create_block_mask(..., block_m=64, block_n=64, backward_block_n=64)") from err
 
 
 def _launch_args(cfg) -> dict:
