@@ -5,7 +5,8 @@ bf16, batch 1, heads 16, headdim 128, N = --seqlen (default 16384). Rows, fwd / 
 
     built-in causal          flashtile.attention(causal=True)
     mask_mod causal          the same through a block mask (causal_mask()), built once
-    mask_mod causal, 128x128 the same on 128 × 128 tiles (the built-in's at this size)
+    mask_mod causal, 128x128 the same on 128 × 128 forward tiles (the built-in's at this size);
+                             the backward keeps 64-wide key tiles (BlockMask.backward_blocks)
     document mask (k docs)   and_masks(causal, document) with k equal documents; the
                              visited-tile fraction is printed beside it: cost should follow it
     flex: ...                torch's flex_attention (compiled) with the same mask_mod

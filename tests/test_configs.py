@@ -89,10 +89,7 @@ def test_block_mask_tiles_that_do_not_fit_get_a_clear_error():
 
     from flashtile.kernels.launch import _block_mask_tiles_must_fit
 
-    class Mask:  # what the message needs of a BlockMask
-        block_m = block_n = 128
-
     with pytest.raises(ValueError, match=r"^block_mask: its 128×128 tiles do not fit in this GPU's shared memory at "
                                          r"headdim 256, torch.float32 .*block_m=64, block_n=64"):
-        with _block_mask_tiles_must_fit(Mask(), 256, torch.float32):
+        with _block_mask_tiles_must_fit((128, 128), 256, torch.float32):
             raise OutOfResources(294912, 232448, "shared memory")

@@ -94,6 +94,48 @@ def test_dkdv_lists_use_the_transposed_tiling():
     assert bm.q_count[0, 0].tolist() == [4, 2] and bm.q_partial[0, 0].tolist() == [2, 2]
 
 
+def test_backward_tiles_are_at_most_64_keys_wide_by_default():
+    # 128 × 128 tiles suit the forward at d128; the dK/dV pass on them spilled (3.01× the
+    # built-in backward on the H200), so the backward tiles keys by 64 unless told otherwise.
+    wide = flashtile.create_block_mask(causal_mask(), seqlen_q=256, seqlen_k=256, block_m=128, block_n=128)
+    assert wide.backward_blocks == (128, 64) and wide.dkdv_blocks == (64, 128)
+    assert wide.kv_indices.shape[-2:] == (2, 2) and wide.dq_indices.shape[-2:] == (2, 4)
+    assert wide.q_indices.shape[-2:] == (2, 4)  # per K/V tile of 128 keys, Q tiles of 64 queries
+    assert wide.dq_count[0, 0].tolist() == [2, 4] and wide.q_count[0, 0].tolist() == [4, 2]
+    # At most 64 wide already: the dQ pass shares the forward's lists.
+    narrow = flashtile.create_block_mask(causal_mask(), seqlen_q=256, seqlen_k=256, block_m=128, block_n=64)
+    assert narrow.backward_blocks == (128, 64) and narrow.dq_indices is narrow.kv_indices
+    told = flashtile.create_block_mask(causal_mask(), seqlen_q=256, seqlen_k=256, block_m=128, block_n=128,
+                                       backward_block_n=128)
+    assert told.dkdv_blocks == (128, 128) and told.dq_indices is told.kv_indices
+    with pytest.raises(ValueError, match=r"^backward_block_n: expected a power of two >= 16, got 48$"):
+        flashtile.create_block_mask(causal_mask(), seqlen_q=64, seqlen_k=64, backward_block_n=48)
+
+
+@pytest.mark.parametrize("tiles", [(32, 32, 16), (16, 32, 16), (32, 16, 32)], ids=["fwd32x32-bwd16", "fwd16x32-bwd16",
+                                                                               "fwd32x16-bwd32"])
+def test_backward_tiling_apart_from_the_forward_matches_oracle(backend, tiles):
+    block_m, block_n, backward_block_n = tiles
+    mask = and_masks(causal_mask(), sliding_window_mask(20))
+    bm = flashtile.create_block_mask(mask, 2, 4, 45, 70, DEVICE, block_m, block_n, backward_block_n)
+    assert bm.backward_blocks == (block_m, backward_block_n)
+    # Each pass's lists on its own tiling (a list at the wrong one could still cover the
+    # visible keys when every visited tile is partial, which the oracle alone would miss).
+    tiles_q, tiles_k = -(-45 // block_m), -(-70 // backward_block_n)
+    assert bm.dq_indices.shape[-2:] == (tiles_q, tiles_k) and bm.q_indices.shape[-2:] == (-(-70 // block_m),
+                                                                                          -(-45 // backward_block_n))
+    for order in (bm.dq_order, bm.q_order):
+        assert torch.equal(order.sort(dim=-1).values, torch.arange(order.shape[-1]).expand_as(order).to(order))
+    q = torch.randn(2, 45, 4, 16, device=DEVICE, requires_grad=True)
+    k, v = (torch.randn(2, 70, 2, 16, device=DEVICE, requires_grad=True) for _ in range(2))
+    out = flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    visible = dense_mask(mask, 2, 4, 45, 70, DEVICE)
+    bias = torch.zeros(visible.shape, device=DEVICE).masked_fill(~visible, float("-inf"))
+    assert_grads_match_oracle(out, grads, q, k, v, dout, bias=bias)
+
+
 def test_block_mask_classifies_tiles():
     bm = flashtile.create_block_mask(causal_mask(), seqlen_q=64, seqlen_k=64, block_m=16, block_n=16)
     # Causal over 4 × 4 tiles: the diagonal is partial, below it full, above it empty.
@@ -127,6 +169,37 @@ def test_plain_function_builds_its_block_mask_once():
     misses = _cached.cache_info().misses
     flashtile.attention(q, q, q, mask_mod=later_half_causal)
     assert _cached.cache_info().misses == misses  # the second call reused the first's block mask
+
+
+def test_block_mask_schedules_the_longest_lists_first():
+    # Causal over 4 × 4 tiles: Q tile 3 visits 4 K/V tiles, tile 0 one; K/V tile 0 is seen
+    # by 4 Q tiles. The kernels run programs in this order (the grid's tail stays short).
+    bm = flashtile.create_block_mask(causal_mask(), seqlen_q=64, seqlen_k=64, block_m=16, block_n=16)
+    assert bm.kv_order[0, 0].tolist() == [3, 2, 1, 0] and bm.q_order[0, 0].tolist() == [0, 1, 2, 3]
+    # Per head: head 1 is a prefix mask (every Q tile sees K/V tile 0 only), so ties keep the
+    # ascending order; each schedule is a permutation of the tiles.
+    per_head = mask_mod(lambda b, h, q, kv: (h == 0) & (q >= kv) | (h == 1) & (kv < 16))
+    bm = flashtile.create_block_mask(per_head, heads=2, seqlen_q=64, seqlen_k=64, block_m=16, block_n=16)
+    assert bm.kv_order[0, 0].tolist() == [3, 2, 1, 0] and bm.kv_order[0, 1].tolist() == [0, 1, 2, 3]
+    assert bm.q_order[0, 1].tolist() == [0, 1, 2, 3] and bm.kv_order.dtype == torch.int32
+
+
+def late_keys_or_prefix(b, h, q_idx, kv_idx):
+    # Rows see the keys from their own position on (an early Q tile sees the most, the
+    # reverse of causal) on even heads of batch 0, a 16-key prefix on odd heads, causal
+    # on batch 1: every schedule (forward, dQ, dK/dV) differs per batch and head.
+    late = (q_idx <= kv_idx) & (h % 2 == 0) | (kv_idx < 16) & (h % 2 == 1)
+    return (b == 0) & late | (b != 0) & (q_idx >= kv_idx)
+
+
+@pytest.mark.parametrize("blocks", [(32, 16), (16, 32)], ids=["32x16", "16x32"])
+def test_schedules_that_differ_per_batch_and_head_match_oracle(backend, blocks):
+    bm = flashtile.create_block_mask(late_keys_or_prefix, 2, 4, 45, 70, DEVICE, *blocks)
+    for order, count in ((bm.kv_order, bm.kv_count), (bm.q_order, bm.q_count)):
+        assert torch.equal(order.sort(dim=-1).values, torch.arange(order.shape[-1]).expand_as(order).to(order))
+        assert (count.gather(-1, order.long()).diff(dim=-1) <= 0).all()  # most visited first
+    assert bm.q_order[0, 0].tolist() != sorted(bm.q_order[0, 0].tolist())  # not the identity
+    check_mask(late_keys_or_prefix, seqlen_q=45, seqlen_k=70, blocks=blocks)
 
 
 def test_block_mask_is_cached_and_sparse_documents_cost_less():

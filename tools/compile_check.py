@@ -33,7 +33,8 @@ POINTER_TYPES = {  # pointer arguments by name; the rest of the tensors are bf16
     "LSE": "*fp32", "Delta": "*fp32", "DLSE": "*fp32", "Alibi": "*fp32", "DBias": "*fp32", "OutPartial": "*fp32",
     "LsePartial": "*fp32", "Lse": "*fp32", "Cu_seqlens_q": "*i32", "Cu_seqlens_k": "*i32", "Seed": "*i64",
     "CacheSeqlens": "*i32", "CacheBatchIdx": "*i32", "LeftPad": "*i32", "BlockTable": "*i32", "KvIdx": "*i32",
-    "KvPartial": "*i32", "KvCount": "*i32", "QIdx": "*i32", "QPartial": "*i32", "QCount": "*i32", "MaskBuf": "*i32", "ScoreBuf": "*fp32",
+    "KvPartial": "*i32", "KvCount": "*i32", "KvOrder": "*i32", "QIdx": "*i32", "QPartial": "*i32",
+    "QCount": "*i32", "QOrder": "*i32", "MaskBuf": "*i32", "ScoreBuf": "*fp32",
     "Cu": "*i32",
 }
 TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias", "X"}

@@ -12,14 +12,25 @@ Layout (B and H are 1 when the mask does not depend on them)::
     kv_indices    (B, H, num_q_tiles, num_kv_tiles) int32: partial tiles first, then full
     kv_partial    (B, H, num_q_tiles) int32: how many of them are partial
     kv_count      (B, H, num_q_tiles) int32: how many are visited in all
-    q_indices, q_partial, q_count: the same per K/V tile, for the backward's dK/dV pass,
-                  on the transposed tiling: K/V tiles of BLOCK_M keys, Q tiles of BLOCK_N
-                  queries (``dkdv_blocks``)
+    kv_order      (B, H, num_q_tiles) int32: the Q tiles, most visited K/V tiles first
+    dq_indices, dq_partial, dq_count, dq_order: the same for the backward's dQ pass, on its
+                  tiling: BLOCK_M queries × BACKWARD_BLOCK_N keys (``backward_blocks``; the
+                  forward's lists themselves when BACKWARD_BLOCK_N = BLOCK_N)
+    q_indices, q_partial, q_count, q_order: per K/V tile, for the dK/dV pass, on the dQ
+                  pass's tiling transposed: K/V tiles of BLOCK_M keys, Q tiles of
+                  BACKWARD_BLOCK_N queries (``dkdv_blocks``)
+
+The kernels run their programs in the ``*_order`` order, longest lists first, as the
+built-in causal kernels do (their longest rows first): a grid that ends on its longest
+programs leaves the GPU idle but for them. A causal mask_mod in ascending order ran 1.19×
+the built-in causal forward with the same tiles on the H200 (128 × 128, N = 16k).
 
 The dK/dV kernel holds a K/V tile and streams Q tiles past it; its tuned shape on the
 H200 is few Q rows past many K/V rows (64 × 128 at d128), the forward's tiles transposed.
 With the forward's tiling it ran 128 × 64, and the masked backward cost 1.68× the
-built-in causal one (docs/performance.md, session 3).
+built-in causal one (docs/performance.md, session 3). The backward's key tiles are at
+most 64 wide by default: with 128 × 128 tiles, which suit the forward at d128, the dK/dV
+pass ran 128 × 128, spilled, and cost 3.01× the built-in backward (session 5).
 """
 
 from __future__ import annotations
@@ -42,17 +53,29 @@ class BlockMask:
     seqlen_k: int
     block_m: int
     block_n: int
+    backward_block_n: int
     kv_indices: torch.Tensor
     kv_partial: torch.Tensor
     kv_count: torch.Tensor
+    kv_order: torch.Tensor
+    dq_indices: torch.Tensor
+    dq_partial: torch.Tensor
+    dq_count: torch.Tensor
+    dq_order: torch.Tensor
     q_indices: torch.Tensor
     q_partial: torch.Tensor
     q_count: torch.Tensor
+    q_order: torch.Tensor
+
+    @property
+    def backward_blocks(self) -> tuple[int, int]:
+        """(Q rows, K/V rows) per tile of the dQ pass."""
+        return self.block_m, self.backward_block_n
 
     @property
     def dkdv_blocks(self) -> tuple[int, int]:
-        """(Q rows, K/V rows) per tile of the dK/dV pass: the forward's tiles transposed."""
-        return self.block_n, self.block_m
+        """(Q rows, K/V rows) per tile of the dK/dV pass: the dQ pass's tiles transposed."""
+        return self.backward_block_n, self.block_m
 
     @property
     def visited_fraction(self) -> float:
@@ -84,45 +107,58 @@ def _classify(mask: MaskMod, batch, heads, seqlen_q, seqlen_k, block_m, block_n,
 
 
 def _lists(kinds: torch.Tensor):
-    """Per row: indices of partial tiles then full tiles, and their counts."""
+    """Per row: indices of partial tiles then full tiles, their counts, and the rows'
+    schedule (most visited tiles first; ties in ascending order)."""
     # Sort key: partial (0) before full (1) before empty (2); stable keeps ascending tiles.
     order_key = torch.where(kinds == 1, 0, torch.where(kinds == 2, 1, 2)).to(torch.int16)
     indices = torch.sort(order_key, dim=-1, stable=True).indices.to(torch.int32)
     partial = (kinds == 1).sum(dim=-1, dtype=torch.int32)
     count = partial + (kinds == 2).sum(dim=-1, dtype=torch.int32)
-    return indices.contiguous(), partial.contiguous(), count.contiguous()
+    schedule = torch.sort(count, dim=-1, descending=True, stable=True).indices.to(torch.int32)
+    return indices.contiguous(), partial.contiguous(), count.contiguous(), schedule.contiguous()
 
 
 @functools.lru_cache(maxsize=64)
-def _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, device):
-    kinds = _classify(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, device)
+def _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_block_n, device):
+    def classify(rows, cols):
+        return _classify(mask, batch, heads, seqlen_q, seqlen_k, rows, cols, device)
+
+    kinds = classify(block_m, block_n)
     kv = _lists(kinds)
-    # The dK/dV pass tiles queries by block_n and keys by block_m (see dkdv_blocks).
-    transposed = kinds if block_m == block_n else _classify(mask, batch, heads, seqlen_q, seqlen_k, block_n,
-                                                             block_m, device)
+    # The dQ pass tiles (block_m queries, backward_block_n keys); the dK/dV pass the same
+    # transposed (backward_block_n queries, block_m keys; see dkdv_blocks).
+    backward = kinds if backward_block_n == block_n else classify(block_m, backward_block_n)
+    dq = kv if backward is kinds else _lists(backward)
+    transposed = backward if backward_block_n == block_m else classify(backward_block_n, block_m)
     q = _lists(transposed.transpose(2, 3))
-    return BlockMask(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, *kv, *q)
+    return BlockMask(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_block_n, *kv, *dq, *q)
 
 
 def create_block_mask(mask, batch: int = 1, heads: int = 1, seqlen_q: int = 1, seqlen_k: int = 1, device=None,
-                      block_m: int = 128, block_n: int = 64) -> BlockMask:
+                      block_m: int = 128, block_n: int = 64, backward_block_n: int | None = None) -> BlockMask:
     """Build (or fetch from the cache) the block mask of ``mask`` for one problem shape.
 
     batch/heads: 1 when the mask ignores b/h (it is then shared by every batch entry and
     head). Pass the result to ``flashtile.attention(..., mask_mod=mask, block_mask=bm)``
     in every layer; it is rebuilt only when the shape or the mask changes.
+
+    block_m × block_n: the forward's tiles (queries × keys). backward_block_n: the key
+    tiles of the dQ pass, which the dK/dV pass uses as query tiles; default
+    ``min(block_n, 64)``, as wider ones spill in the dK/dV kernel.
     """
     mask = as_mask_mod(mask)
+    if backward_block_n is None:
+        backward_block_n = min(block_n, 64) if isinstance(block_n, int) else block_n
     for name, value in (("batch", batch), ("heads", heads), ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k),
-                        ("block_m", block_m), ("block_n", block_n)):
+                        ("block_m", block_m), ("block_n", block_n), ("backward_block_n", backward_block_n)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-    for name, value in (("block_m", block_m), ("block_n", block_n)):
+    for name, value in (("block_m", block_m), ("block_n", block_n), ("backward_block_n", backward_block_n)):
         if value < 16 or value & (value - 1):
             raise ValueError(f"{name}: expected a power of two >= 16, got {value}")
     device = torch.device(device) if device is not None else (
         mask.buffer.device if mask.buffer is not None else torch.device("cpu"))
-    return _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, device)
+    return _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_block_n, device)
 
 
 _names: OpNames[BlockMask] = OpNames("block mask")

@@ -118,9 +118,10 @@ def forward_config(head_dim: int, dtype: torch.dtype, causal: bool, device: torc
 def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device, bias_elem: int = 0,
                      blocks: tuple[int, int] | None = None, dropout: bool = False) -> tuple[KernelConfig, KernelConfig]:
     """Configs of ``_bwd_dkdv_kernel`` and ``_bwd_dq_kernel`` (they stream different tiles);
-    ``bias_elem``, ``blocks`` and ``dropout`` as in :func:`forward_config`."""
-    # A block mask tiles the dK/dV pass transposed (BlockMask.dkdv_blocks): Q rows by its
-    # block_n, K/V rows by its block_m.
+    ``bias_elem`` and ``dropout`` as in :func:`forward_config`; ``blocks``: a block mask's
+    dQ tiles (BlockMask.backward_blocks)."""
+    # The dK/dV pass runs the dQ tiles transposed (BlockMask.dkdv_blocks): Q rows by the dQ
+    # tiles' key width (backward_block_n), K/V rows by their query height (block_m).
     dkdv_blocks = (blocks[1], blocks[0]) if blocks is not None else None
     if _override["backward"] is not None:
         dkdv, dq = _override["backward"]

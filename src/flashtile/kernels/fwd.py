@@ -98,7 +98,8 @@ def _attn_fwd_inner(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, Out, LSE, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, KvIdx, KvPartial, KvCount, MaskBuf, ScoreBuf,
+    Q, K, V, Out, LSE, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, KvIdx, KvPartial, KvCount, KvOrder, MaskBuf,
+    ScoreBuf,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -121,11 +122,14 @@ def _fwd_kernel(
     if HAS_DROPOUT:  # a device scalar drawn from torch's generator: no host sync, compile-friendly
         seed = tl.load(Seed)
     block_m = pid % num_m_blocks
-    if HAS_RIGHT:  # causal-like: the longest rows first, so the tail of the grid is short
-        block_m = num_m_blocks - 1 - block_m
     bh = pid // num_m_blocks
     batch = bh // num_heads_q
     head = bh % num_heads_q
+    # The longest rows first, so that the grid does not end on them alone.
+    if MASK_MOD is not None:  # the block mask's schedule (BlockMask.kv_order)
+        block_m = tl.load(KvOrder + batch * stride_cb + head * stride_ch + block_m)
+    elif HAS_RIGHT:  # causal-like: the last Q tiles see the most keys
+        block_m = num_m_blocks - 1 - block_m
     head_kv = head // group_size  # GQA: K/V are shared, never repeated in memory
     # Variable-length batches: "batch" is a sequence of the packed tensors (whose batch
     # strides are 0), starting at row cu_seqlens[batch]; the seqlen arguments are maxima.

@@ -72,28 +72,30 @@ def _bias_args(bias: torch.Tensor | None, q: torch.Tensor, seqlen_k: int):
     return bias, tuple(bias.expand(*q.shape[:3], seqlen_k).stride())
 
 
-def _block_mask_args(block_mask, transposed: bool, dummy: torch.Tensor):
-    """(indices, partial counts, counts, mask buffer), their strides (0 where the block mask
-    is shared by all batch entries or heads), and the jitted mask, or dummies without one."""
+def _block_mask_args(block_mask, kernel: str, dummy: torch.Tensor):
+    """(indices, partial counts, counts, schedule, mask buffer) of one kernel's tile lists
+    (``kernel``: "fwd", "dq" or "dkdv"), their strides (0 where the block mask is shared by
+    all batch entries or heads; the schedule has the counts'), and the jitted mask, or
+    dummies without one."""
     if block_mask is None:
-        return (dummy, dummy, dummy, dummy), (0, 0, 0, 0, 0), None
-    if transposed:
-        idx, partial, count = block_mask.q_indices, block_mask.q_partial, block_mask.q_count
-    else:
-        idx, partial, count = block_mask.kv_indices, block_mask.kv_partial, block_mask.kv_count
+        return (dummy, dummy, dummy, dummy, dummy), (0, 0, 0, 0, 0), None
+    prefix = {"fwd": "kv", "dq": "dq", "dkdv": "q"}[kernel]
+    idx, partial, count, order = (getattr(block_mask, f"{prefix}_{part}")
+                                  for part in ("indices", "partial", "count", "order"))
     buffer = block_mask.mask.buffer if block_mask.mask.buffer is not None else dummy
     shared_b, shared_h = block_mask.batch == 1, block_mask.heads == 1
     strides = (0 if shared_b else idx.stride(0), 0 if shared_h else idx.stride(1), idx.stride(2),
                0 if shared_b else count.stride(0), 0 if shared_h else count.stride(1))
-    return (idx, partial, count, buffer), strides, block_mask.mask.triton_fn()
+    return (idx, partial, count, order, buffer), strides, block_mask.mask.triton_fn()
 
 
-def _fit_args(bias: torch.Tensor | None, block_mask, dropout_p: float) -> dict:
+def _fit_args(bias: torch.Tensor | None, block_mask, dropout_p: float, backward: bool = False) -> dict:
     """What the config choice must fit beside the Q/K/V tiles: a bias tile, a block mask's
-    tiles, dropout's keep mask."""
-    return dict(bias_elem=bias.element_size() if bias is not None else 0,
-                blocks=(block_mask.block_m, block_mask.block_n) if block_mask is not None else None,
-                dropout=dropout_p > 0)
+    tiles (the forward's, or the dQ pass's for the backward), dropout's keep mask."""
+    blocks = None
+    if block_mask is not None:
+        blocks = block_mask.backward_blocks if backward else (block_mask.block_m, block_mask.block_n)
+    return dict(bias_elem=bias.element_size() if bias is not None else 0, blocks=blocks, dropout=dropout_p > 0)
 
 
 def _score_mod_args(score_mod, dummy: torch.Tensor):
@@ -105,16 +107,17 @@ def _score_mod_args(score_mod, dummy: torch.Tensor):
 
 
 @contextlib.contextmanager
-def _block_mask_tiles_must_fit(block_mask, head_dim: int, dtype: torch.dtype):
-    """A block mask fixes the kernels' tile sizes; when even one pipeline stage of them
-    does not fit in shared memory, say so in flashtile's terms instead of Triton's."""
+def _block_mask_tiles_must_fit(blocks: tuple[int, int], head_dim: int, dtype: torch.dtype):
+    """A block mask fixes the kernels' tile sizes (``blocks``, queries × keys); when even
+    one pipeline stage of them does not fit in shared memory, say so in flashtile's terms
+    instead of Triton's."""
     try:
         yield
     except OutOfResources as err:
         raise ValueError(
-            f"block_mask: its {block_mask.block_m}×{block_mask.block_n} tiles do not fit in this GPU's shared "
+            f"block_mask: its {blocks[0]}×{blocks[1]} tiles do not fit in this GPU's shared "
             f"memory at headdim {head_dim}, {dtype} ({err}); build it with smaller tiles, e.g. "
-            f"create_block_mask(..., block_m=64, block_n=64)") from err
+            f"create_block_mask(..., block_m=64, block_n=64, backward_block_n=64)") from err
 
 
 def _launch_args(cfg) -> dict:
@@ -202,7 +205,7 @@ def attention_forward_triton(
         fill_rows_outside(lse.t(), cu_q, float("-inf"))
     alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, q)
     bias_ptr, bias_strides = _bias_args(bias, q, seqlen_k)
-    mask_ptrs, mask_strides, mask_fn = _block_mask_args(block_mask, False, lse)
+    mask_ptrs, mask_strides, mask_fn = _block_mask_args(block_mask, "fwd", lse)
     score_buf, score_fn, _ = _score_mod_args(score_mod, lse)
 
     def launch(cfg):
@@ -224,7 +227,7 @@ def attention_forward_triton(
     cfg = forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q,
                          **_fit_args(bias, block_mask, dropout_p))
     if block_mask is not None:
-        with _block_mask_tiles_must_fit(block_mask, head_dim, q.dtype):
+        with _block_mask_tiles_must_fit((block_mask.block_m, block_mask.block_n), head_dim, q.dtype):
             launch(cfg)  # tile sizes are the block mask's: nothing to tune
     else:
         launch(_maybe_autotune("fwd", cfg, q, head_dim_padded, causal_like, seqlen_q, launch, bias, score_mod,
@@ -271,7 +274,7 @@ def attention_backward_triton(
     head_dim_padded = _padded_head_dim(head_dim)
     causal_like = band.right is not None  # causal or a right window: the diagonal-heavy configs
     cfg_dkdv, cfg_dq = backward_configs(head_dim_padded, q.dtype, causal_like, q.device,
-                                        **_fit_args(bias, block_mask, dropout_p))
+                                        **_fit_args(bias, block_mask, dropout_p, backward=True))
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
     if dlse is not None:
@@ -287,8 +290,8 @@ def attention_backward_triton(
     dbias_full = (torch.zeros(batch, heads_q, seqlen_q, seqlen_k, dtype=torch.float32, device=q.device)
                   if has_dbias else delta)
     seed = dropout_seed if dropout_seed is not None else lse  # a dummy pointer without dropout
-    q_lists, q_list_strides, mask_fn = _block_mask_args(block_mask, True, lse)
-    kv_lists, kv_list_strides, _ = _block_mask_args(block_mask, False, lse)
+    q_lists, q_list_strides, mask_fn = _block_mask_args(block_mask, "dkdv", lse)
+    kv_lists, kv_list_strides, _ = _block_mask_args(block_mask, "dq", lse)
     score_buf, score_fn, score_grad = _score_mod_args(score_mod, lse)
     if score_mod is not None and score_grad is None:
         raise ValueError(f"score_mod: {score_mod.name!r} has no derivative for the Triton kernels; wrap it as "
@@ -339,8 +342,9 @@ def attention_backward_triton(
         )
 
     if block_mask is not None:  # tile sizes are the block mask's: nothing to tune
-        with _block_mask_tiles_must_fit(block_mask, head_dim, q.dtype):
+        with _block_mask_tiles_must_fit(block_mask.dkdv_blocks, head_dim, q.dtype):
             launch_dkdv(cfg_dkdv)
+        with _block_mask_tiles_must_fit(block_mask.backward_blocks, head_dim, q.dtype):
             launch_dq(cfg_dq)
     else:
         launch_dkdv(_maybe_autotune("dkdv", cfg_dkdv, q, head_dim_padded, causal_like, seqlen_k, launch_dkdv, bias,
