@@ -37,7 +37,8 @@ POINTER_TYPES = {  # pointer arguments by name; the rest of the tensors are bf16
     "QCount": "*i32", "QOrder": "*i32", "MaskBuf": "*i32", "ScoreBuf": "*fp32",
     "Cu": "*i32",
 }
-TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias", "X"}
+TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias", "X", "DescK", "DescV"}
+DESCRIPTORS = {"DescK", "DescV"}  # tensor descriptors with USE_TMA, plain pointers without
 
 
 # The strides of Q, K, V, O and their gradients (b, h, m/n): a launch on contiguous tensors
@@ -56,10 +57,14 @@ def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
     constexprs.update({p: 1 for p in params if LAST_DIM_STRIDES.match(p)})
     aligned_rows = constexprs.get("HEAD_DIM", 16) % 16 == 0
     divisible = [p for p in params if p in POINTER_TYPES or p in TENSORS or (aligned_rows and ROW_STRIDES.match(p))]
+    if constexprs.get("USE_TMA"):
+        divisible = [p for p in divisible if p not in DESCRIPTORS]
     signature = {}
     for p in params:
         if p in constexprs:
             signature[p] = "constexpr"
+        elif p in DESCRIPTORS and constexprs.get("USE_TMA"):  # one (1, 1, BLOCK_N, D) tile per copy
+            signature[p] = f"tensordesc<bf16[1, 1, {constexprs['BLOCK_N']}, {constexprs['HEAD_DIM_PADDED']}]>"
         elif p in POINTER_TYPES:
             signature[p] = POINTER_TYPES[p]
         elif p in TENSORS:
@@ -76,7 +81,7 @@ def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
 
 # The attention kernels' option flags with every option off (tile sizes and head dims apart).
 PLAIN = dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_BIAS=False, HAS_DROPOUT=False,
-             IS_VARLEN=False, DOT_PRECISION="ieee", MASK_MOD=None, SCORE_MOD=None, SCORE_GRAD=None)
+             IS_VARLEN=False, DOT_PRECISION="ieee", MASK_MOD=None, SCORE_MOD=None, SCORE_GRAD=None, USE_TMA=False)
 
 
 def variants(quick: bool):
@@ -97,6 +102,11 @@ def variants(quick: bool):
                         [("causal", flags), ("every option", every), ("mask_mod+score_mod", masked)]):
             yield (f"fwd d={d} {name}", _fwd_kernel,
                    dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=128, BLOCK_N=64 if d > 128 else 128, **f), 8, 2)
+            if not f["IS_VARLEN"]:  # K/V through tensor descriptors (FLASHTILE_TMA=1): dense batches only,
+                # at 3 stages (1 at d256) as kernels/tma.py keeps Triton 3.6 off 2
+                yield (f"fwd d={d} {name} tma", _fwd_kernel,
+                       dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=128, BLOCK_N=64 if d > 128 else 128,
+                            **dict(f, USE_TMA=True)), 8, 1 if d > 128 else 3)
             yield (f"dkdv d={d} {name}", _bwd_dkdv_kernel,
                    dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=64 if d <= 128 else 32,
                         BLOCK_N=128 if d <= 128 else 64, **f), 8, 2)

@@ -18,19 +18,21 @@ def _attn_fwd_inner(
     Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
     start_lo, start_hi, offs_m, offs_n, offs_d,
     seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
-    Idx, MaskBuf, ScoreBuf, batch, head,
+    Idx, MaskBuf, ScoreBuf, batch, head, DescK, DescV, head_kv,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SPARSE: tl.constexpr, STEP: tl.constexpr, MASK_MOD: tl.constexpr,
-    SCORE_MOD: tl.constexpr,
+    SCORE_MOD: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Visit K/V tiles starting in [start_lo, start_hi); returns the updated (acc, l_i, m_i).
 
     MASKED tiles straddle the band's edge or the end of the keys and pay for the mask;
     the others are known to be fully visible and skip it. With SPARSE the range runs
     over a block mask's list ``Idx`` of tile numbers instead (STEP 1), and MASKED
-    tiles evaluate the user's MASK_MOD.
+    tiles evaluate the user's MASK_MOD. With USE_TMA the K and V tiles come through
+    tensor descriptors (Hopper's TMA: one bulk copy per tile instead of an address per
+    element; rows past the keys and columns past the head dim arrive as zeros).
     """
     # 64-bit start offset; within a tile the offsets are small.
     kT_ptrs = K_head + start_lo.to(tl.int64) * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
@@ -47,7 +49,9 @@ def _attn_fwd_inner(
             start_n = it
         cols = start_n + offs_n
         # -- load K (transposed) and compute the raw scores
-        if MASKED:
+        if USE_TMA:
+            kT = tl.trans(tl.reshape(DescK.load([batch, head_kv, start_n, 0]), [BLOCK_N, HEAD_DIM_PADDED]))
+        elif MASKED:
             kT = tl.load(kT_ptrs, mask=d_ok[:, None] & (cols[None, :] < seqlen_k), other=0.0)
         elif HEAD_DIM != HEAD_DIM_PADDED:
             kT = tl.load(kT_ptrs, mask=d_ok[:, None], other=0.0)
@@ -81,7 +85,9 @@ def _attn_fwd_inner(
         if HAS_DROPOUT:  # the normaliser counts every probability; only P·V drops some
             p = tl.where(_dropout_keep(seed, bh, offs_m, cols, dropout_p), p, 0.0)
         # -- rescale the output so far and add this tile's P·V
-        if MASKED:
+        if USE_TMA:
+            v = tl.reshape(DescV.load([batch, head_kv, start_n, 0]), [BLOCK_N, HEAD_DIM_PADDED])
+        elif MASKED:
             v = tl.load(v_ptrs, mask=d_ok[None, :] & (cols[:, None] < seqlen_k), other=0.0)
         elif HEAD_DIM != HEAD_DIM_PADDED:
             v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
@@ -99,7 +105,7 @@ def _attn_fwd_inner(
 @triton.jit
 def _fwd_kernel(
     Q, K, V, Out, LSE, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, KvIdx, KvPartial, KvCount, KvOrder, MaskBuf,
-    ScoreBuf,
+    ScoreBuf, DescK, DescV,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -113,7 +119,7 @@ def _fwd_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr,
+    MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # A 1-D grid (Q tiles fastest, so the tiles of one head run together and share
     # K/V in L2) has no 65535 limit on batch × heads.
@@ -185,9 +191,10 @@ def _fwd_kernel(
                 Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
                 n_partial * 0 if part == 0 else n_partial, n_partial if part == 0 else n_visited,
                 offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-                window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED,
+                window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, DescK, DescV, head_kv, BLOCK_N,
+                HEAD_DIM, HEAD_DIM_PADDED,
                 part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, True, 1,
-                MASK_MOD, SCORE_MOD)
+                MASK_MOD, SCORE_MOD, USE_TMA)
     else:
         lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -201,9 +208,10 @@ def _fwd_kernel(
                 lo if part == 0 else (full_lo if part == 1 else full_hi),
                 full_lo if part == 0 else (full_hi if part == 1 else hi),
                 offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope,
-                window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED,
+                window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head, DescK, DescV, head_kv, BLOCK_N,
+                HEAD_DIM, HEAD_DIM_PADDED,
                 part != 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False,
-                BLOCK_N, None, SCORE_MOD)
+                BLOCK_N, None, SCORE_MOD, USE_TMA)
 
     # -- epilogue: normalise; rows that saw no key (l = 0 exactly) give O = 0 and LSE = -inf.
     #    A NaN in l (NaN inputs) is not "no key": it propagates, as in standard attention.

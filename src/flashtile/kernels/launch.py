@@ -15,7 +15,7 @@ import triton
 from triton.runtime.errors import OutOfResources
 
 from ..masks import Band
-from . import autotune
+from . import autotune, tma
 from .bwd import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
 from .configs import backward_configs, forward_config
 from .padding import fill_rows_outside
@@ -208,10 +208,14 @@ def attention_forward_triton(
     mask_ptrs, mask_strides, mask_fn = _block_mask_args(block_mask, "fwd", lse)
     score_buf, score_fn, _ = _score_mod_args(score_mod, lse)
 
+    use_tma = varlen is None and tma.requested() and tma.addressable(k) and tma.addressable(v)
+
     def launch(cfg):
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
+        descriptors = use_tma and tma.compiles(cfg.num_stages)
+        desc_k, desc_v = tma.kv_descriptors(k, v, cfg.BLOCK_N, head_dim_padded) if descriptors else (k, v)
         _fwd_kernel[(num_m_blocks * batch * heads_q,)](
-            q, k, v, out, lse, alibi, bias_ptr, cu_q, cu_k, *mask_ptrs, score_buf,
+            q, k, v, out, lse, alibi, bias_ptr, cu_q, cu_k, *mask_ptrs, score_buf, desc_k, desc_v,
             *_batch_stride(q, varlen), *_batch_stride(k, varlen), *_batch_stride(v, varlen),
             *_batch_stride(out, varlen), stride_ab, stride_ah, *bias_strides, *_lse_strides(lse, varlen),
             *mask_strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
@@ -221,7 +225,7 @@ def attention_forward_triton(
             HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_BIAS=bias is not None,
             HAS_DROPOUT=dropout_p > 0, IS_VARLEN=varlen is not None,
             DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), MASK_MOD=mask_fn, SCORE_MOD=score_fn,
-            **_launch_args(cfg),
+            USE_TMA=descriptors, **_launch_args(cfg),
         )
 
     cfg = forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q,

@@ -1,0 +1,51 @@
+"""Tensor descriptors for the forward kernel's K/V stream (Hopper's TMA), opt-in.
+
+With a descriptor, one instruction copies a whole K or V tile into shared memory and fills
+zeros past the tensor's edges. The pointer path computes an address and a bounds mask per
+element instead. The descriptor path is taken with ``FLASHTILE_TMA=1``, on sm_90 and newer
+(or under the interpreter, for the tests), for dense batches whose K and V TMA can address.
+Packed (varlen) batches keep the pointer path: a descriptor's zero fill stops at the end of
+the packed tensor, not at the end of each sequence.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ..backends import interpreting
+
+# Triton 3.6's ptxas crashes (SIGSEGV) on the forward kernel's descriptor loops at
+# num_stages=2, for every head dim, causal or not; 1 and 3 stages compile, and Triton
+# 3.9 compiles all three (tools/compile_check.py). Those configs keep the pointer path.
+_CRASHING_STAGES = {2} if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9) else set()
+
+
+def requested() -> bool:
+    """Whether the user asked for descriptors (``FLASHTILE_TMA=1``)."""
+    return os.environ.get("FLASHTILE_TMA", "0") == "1"
+
+
+def compiles(num_stages: int) -> bool:
+    """Whether this Triton builds the descriptor path at this pipeline depth."""
+    return interpreting() or num_stages not in _CRASHING_STAGES
+
+
+def addressable(t: torch.Tensor) -> bool:
+    """Whether TMA can read t (B, H, S, D): unit last stride, the others multiples of 16
+    bytes, a 16-byte aligned start, and a GPU of compute capability 9.0 or newer."""
+    elem = t.element_size()
+    if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * elem % 16 for s in t.stride()[:-1]):
+        return False
+    if interpreting():
+        return True
+    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+def kv_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int, head_dim_padded: int):
+    """Descriptors of k and v (B, Hkv, Sk, D), each tile (1, 1, block_n, head_dim_padded)."""
+    box = [1, 1, block_n, head_dim_padded]
+    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), box) for t in (k, v))
