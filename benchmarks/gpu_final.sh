@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_final.sh io      # the IO model against Nsight Compute's DRAM bytes
 #   bash benchmarks/gpu_final.sh verify  # host time per call, the speed grid 1k-16k (FA2, cuDNN), decode,
 #                                        # variants (varlen included), masks, backward kernel times: 8 files, ~230 s;
-#                                        # OLD_SRC (a src/ tree, as for extra) adds kernel times and masks of it
+#                                        # OLD_SRC (a src/ tree, as for extra) adds kernel times and masks of it;
+#                                        # TMA_AB=1 adds the grid with FLASHTILE_TMA=1
 #   bash benchmarks/gpu_final.sh checks  # compute-sanitizer, and the Hypothesis GPU property test on GPU 1
 # At most 8 files come back from a device call: each mode writes few (times.txt included).
 # Logs under $OUT; a short summary is printed last.
@@ -55,6 +56,11 @@ case ${1:-tests} in
     step env timeout 90 python3 benchmarks/launch_overhead.py > "$OUT/launch.log" 2>&1
     step env timeout 200 python3 benchmarks/speed_table.py --headdims 64 128 --impls flashtile sdpa-flash sdpa-cudnn \
       --json "$OUT/speed.json" > "$OUT/speed.log" 2>&1
+    if [[ -n "${TMA_AB:-}" ]]; then  # the grid again with K/V through tensor descriptors (kernels/tma.py)
+      echo "== FLASHTILE_TMA=1" >> "$OUT/speed.log"
+      step env FLASHTILE_TMA=1 timeout 120 python3 benchmarks/speed_table.py --headdims 64 128 --impls flashtile \
+        sdpa-flash >> "$OUT/speed.log" 2>&1
+    fi
     step env timeout 80 python3 benchmarks/decode.py --no-flex --batches 1 4 32 128 --heads 32 64 \
       > "$OUT/decode.log" 2>&1
     # Batch 32 with two splits (4 programs per SM) against one: does the paged cache's 78% rise?
@@ -68,7 +74,8 @@ case ${1:-tests} in
       step env PYTHONPATH="$OLD_SRC" timeout 60 python3 benchmarks/kernel_times.py >> "$OUT/variants.log" 2>&1
       step env PYTHONPATH="$OLD_SRC" timeout 120 python3 benchmarks/masks.py --no-flex >> "$OUT/masks.log" 2>&1
     fi
-    cat "$OUT/launch.log"; tail -22 "$OUT/speed.log"; grep -v "Warn\|fn = " "$OUT/decode.log"; cat "$OUT/variants.log"
+    cat "$OUT/launch.log"; grep -E -A20 "^== |  d causal" "$OUT/speed.log"; grep -v "Warn\|fn = " "$OUT/decode.log"
+    cat "$OUT/variants.log"
     cat "$OUT/masks.log" "$OUT/times.txt" ;;
   checks)
     # The property test runs meanwhile, on the second GPU where there is one, its six shards
