@@ -1,4 +1,4 @@
-"""The forward's K/V through tensor descriptors (FLASHTILE_TMA=1), against the oracle.
+"""The kernels' tiles through tensor descriptors (FLASHTILE_TMA=1), against the oracle.
 
 On the CPU the Triton interpreter runs the descriptor path (its loads zero-fill past the
 tensor's edges as TMA does); the gpu tests run it on the H200.
@@ -25,13 +25,13 @@ def descriptors(monkeypatch):
     monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
     monkeypatch.setenv("FLASHTILE_TMA", "1")
     built = []
-    make = tma.kv_descriptors
+    make = tma.tile_descriptors
 
-    def counting(*args):
-        built.append(args[2:])
-        return make(*args)
+    def counting(tensors, rows, head_dim_padded):
+        built.append((len(tensors), rows, head_dim_padded))
+        return make(tensors, rows, head_dim_padded)
 
-    monkeypatch.setattr(tma, "kv_descriptors", counting)
+    monkeypatch.setattr(tma, "tile_descriptors", counting)
     return built
 
 
@@ -57,6 +57,7 @@ def test_descriptor_path_matches_oracle(descriptors, name):
     assert descriptors, "the forward did not take the descriptor path"
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert len(descriptors) == 3, "forward, dK/dV and dQ each take the descriptor path"
     assert_grads_match_oracle(out, grads, q, k, v, dout, layout=layout, **options)
 
 

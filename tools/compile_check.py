@@ -37,8 +37,9 @@ POINTER_TYPES = {  # pointer arguments by name; the rest of the tensors are bf16
     "QCount": "*i32", "QOrder": "*i32", "MaskBuf": "*i32", "ScoreBuf": "*fp32",
     "Cu": "*i32",
 }
-TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias", "X", "DescK", "DescV"}
-DESCRIPTORS = {"DescK", "DescV"}  # tensor descriptors with USE_TMA, plain pointers without
+TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias", "X", "DescK", "DescV", "DescQ", "DescDO"}
+# Tensor descriptors with USE_TMA (plain pointers without), by the tile side their rows follow.
+DESCRIPTORS = {"DescK": "BLOCK_N", "DescV": "BLOCK_N", "DescQ": "BLOCK_M", "DescDO": "BLOCK_M"}
 
 
 # The strides of Q, K, V, O and their gradients (b, h, m/n): a launch on contiguous tensors
@@ -63,8 +64,9 @@ def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
     for p in params:
         if p in constexprs:
             signature[p] = "constexpr"
-        elif p in DESCRIPTORS and constexprs.get("USE_TMA"):  # one (1, 1, BLOCK_N, D) tile per copy
-            signature[p] = f"tensordesc<bf16[1, 1, {constexprs['BLOCK_N']}, {constexprs['HEAD_DIM_PADDED']}]>"
+        elif p in DESCRIPTORS and constexprs.get("USE_TMA"):  # one (1, 1, rows, D) tile per copy
+            rows = constexprs[DESCRIPTORS[p]]
+            signature[p] = f"tensordesc<bf16[1, 1, {rows}, {constexprs['HEAD_DIM_PADDED']}]>"
         elif p in POINTER_TYPES:
             signature[p] = POINTER_TYPES[p]
         elif p in TENSORS:
@@ -107,12 +109,14 @@ def variants(quick: bool):
                 yield (f"fwd d={d} {name} tma", _fwd_kernel,
                        dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=128, BLOCK_N=64 if d > 128 else 128,
                             **dict(f, USE_TMA=True)), 8, 1 if d > 128 else 3)
-            yield (f"dkdv d={d} {name}", _bwd_dkdv_kernel,
-                   dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=64 if d <= 128 else 32,
-                        BLOCK_N=128 if d <= 128 else 64, **f), 8, 2)
-            yield (f"dq d={d} {name}", _bwd_dq_kernel,
-                   dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=128 if d <= 128 else 32, BLOCK_N=64,
-                        HAS_DBIAS=f["HAS_BIAS"], **f), 8, 2)
+            for tma in (False, True) if not f["IS_VARLEN"] else (False,):
+                stages = (1 if d > 128 else 3) if tma else 2
+                yield (f"dkdv d={d} {name}{' tma' if tma else ''}", _bwd_dkdv_kernel,
+                       dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=64 if d <= 128 else 32,
+                            BLOCK_N=128 if d <= 128 else 64, **dict(f, USE_TMA=tma)), 8, stages)
+                yield (f"dq d={d} {name}{' tma' if tma else ''}", _bwd_dq_kernel,
+                       dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=128 if d <= 128 else 32, BLOCK_N=64,
+                            HAS_DBIAS=f["HAS_BIAS"], **dict(f, USE_TMA=tma)), 8, stages)
     yield ("preprocess", _bwd_preprocess, dict(HEAD_DIM=128, HEAD_DIM_PADDED=128, BLOCK_M=64, HAS_DLSE=True,
                                                IS_VARLEN=True), 4, 1)
     yield ("padding fill", _fill_rows_outside_kernel, dict(BLOCK_R=8, BLOCK_C=512), 4, 1)

@@ -69,12 +69,12 @@ def _bwd_dkdv_inner(
     Bias_head, stride_bm, stride_bn, seed, bh, dropout_p,
     start_lo, start_hi, offs_n, offs_d,
     seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
-    Idx, MaskBuf, ScoreBuf, batch, head,
+    Idx, MaskBuf, ScoreBuf, batch, head, DescQ, DescDO,
     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SPARSE: tl.constexpr, STEP: tl.constexpr, MASK_MOD: tl.constexpr,
-    SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr,
+    SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Accumulate dK, dV of one K/V tile over the Q tiles starting in [start_lo, start_hi).
 
@@ -96,7 +96,9 @@ def _bwd_dkdv_inner(
         else:
             start_m = it
         rows = start_m + offs_m
-        if MASKED:
+        if USE_TMA:  # Q and dO through tensor descriptors (kernels/tma.py)
+            qT = tl.trans(tl.reshape(DescQ.load([batch, head, start_m, 0]), [BLOCK_M, HEAD_DIM_PADDED]))
+        elif MASKED:
             qT = tl.load(qT_ptrs, mask=d_ok[:, None] & (rows[None, :] < seqlen_q), other=0.0)
         elif HEAD_DIM != HEAD_DIM_PADDED:
             qT = tl.load(qT_ptrs, mask=d_ok[:, None], other=0.0)
@@ -123,7 +125,9 @@ def _bwd_dkdv_inner(
                                              tl.minimum(offs_n, seqlen_k - 1)[:, None], MaskBuf)
             s2T = tl.where(visible, s2T, float("-inf"))
         pT = tl.exp2(s2T - lse2[None, :])
-        if MASKED:
+        if USE_TMA:
+            do = tl.reshape(DescDO.load([batch, head, start_m, 0]), [BLOCK_M, HEAD_DIM_PADDED])
+        elif MASKED:
             do = tl.load(do_ptrs, mask=d_ok[None, :] & (rows[:, None] < seqlen_q), other=0.0)
         elif HEAD_DIM != HEAD_DIM_PADDED:
             do = tl.load(do_ptrs, mask=d_ok[None, :], other=0.0)
@@ -159,7 +163,7 @@ def _bwd_dkdv_inner(
 @triton.jit
 def _bwd_dkdv_kernel(
     Q, K, V, DO, LSE, Delta, DK, DV, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, QIdx, QPartial, QCount, QOrder, MaskBuf,
-    ScoreBuf,
+    ScoreBuf, DescQ, DescDO,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -175,7 +179,7 @@ def _bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr,
+    MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seed = 0
@@ -236,17 +240,18 @@ def _bwd_dkdv_kernel(
                 dk, dv = _bwd_dkdv_inner(
                     dk, dv, k, v, *args, n_partial * 0 if part == 0 else n_partial,
                     n_partial if part == 0 else n_visited, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-                    alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_M, HEAD_DIM,
-                    HEAD_DIM_PADDED, part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-                    DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD)
+                    alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, DescQ, DescDO,
+                    BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+                    HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD, USE_TMA)
         else:  # the band's Q tiles, unrolled at compile time: masked edge, unmasked middle, masked edge
             for part in tl.static_range(3):
                 dk, dv = _bwd_dkdv_inner(
                     dk, dv, k, v, *args, lo if part == 0 else (full_lo if part == 1 else full_hi),
                     full_lo if part == 0 else (full_hi if part == 1 else hi), offs_n, offs_d, seqlen_q, seqlen_k,
                     qk_scale, softcap, alibi_slope, window_left, window_right, QIdx, MaskBuf, ScoreBuf, batch, head,
-                    BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, part != 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-                    HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_M, None, SCORE_MOD, SCORE_GRAD)
+                    DescQ, DescDO, BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, part != 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                    HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_M, None, SCORE_MOD, SCORE_GRAD,
+                    USE_TMA)
 
     dk *= softmax_scale
     tl.store(DK + batch.to(tl.int64) * stride_dkb + head_kv.to(tl.int64) * stride_dkh + cols * stride_dkn
@@ -262,12 +267,12 @@ def _bwd_dq_inner(
     Bias_head, stride_bm, stride_bn, DBias_head, seed, bh, dropout_p,
     start_lo, start_hi, offs_m, offs_d,
     seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right,
-    Idx, MaskBuf, ScoreBuf, batch, head,
+    Idx, MaskBuf, ScoreBuf, batch, head, DescK, DescV, head_kv,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     HAS_DBIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, SPARSE: tl.constexpr, STEP: tl.constexpr,
-    MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr,
+    MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Accumulate dQ of one Q tile over the K/V tiles starting in [start_lo, start_hi)
     (or over a block mask's list ``Idx`` with SPARSE, see _attn_fwd_inner)."""
@@ -285,7 +290,10 @@ def _bwd_dq_inner(
         else:
             start_n = it
         cols = start_n + offs_n
-        if MASKED:
+        if USE_TMA:  # K and V through tensor descriptors (kernels/tma.py)
+            kT = tl.trans(tl.reshape(DescK.load([batch, head_kv, start_n, 0]), [BLOCK_N, HEAD_DIM_PADDED]))
+            vT = tl.trans(tl.reshape(DescV.load([batch, head_kv, start_n, 0]), [BLOCK_N, HEAD_DIM_PADDED]))
+        elif MASKED:
             kv_mask = d_ok[:, None] & (cols[None, :] < seqlen_k)
             kT = tl.load(kT_ptrs, mask=kv_mask, other=0.0)
             vT = tl.load(vT_ptrs, mask=kv_mask, other=0.0)
@@ -338,7 +346,7 @@ def _bwd_dq_inner(
 @triton.jit
 def _bwd_dq_kernel(
     Q, K, V, DO, LSE, Delta, DQ, Alibi, Bias, DBias, Cu_seqlens_q, Cu_seqlens_k, KvIdx, KvPartial, KvCount,
-    KvOrder, MaskBuf, ScoreBuf,
+    KvOrder, MaskBuf, ScoreBuf, DescK, DescV,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -354,6 +362,7 @@ def _bwd_dq_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, HAS_DBIAS: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seed = 0
@@ -413,9 +422,9 @@ def _bwd_dq_kernel(
             dq = _bwd_dq_inner(
                 dq, q, do, lse2, delta, *args, n_partial * 0 if part == 0 else n_partial,
                 n_partial if part == 0 else n_visited, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-                alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, BLOCK_N, HEAD_DIM,
-                HEAD_DIM_PADDED, part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
-                HAS_DBIAS, DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD)
+                alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, DescK, DescV, head_kv,
+                BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS,
+                HAS_DROPOUT, HAS_DBIAS, DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD, USE_TMA)
     else:  # the band's K/V tiles, unrolled at compile time: masked edge, unmasked middle, masked edge
         lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -424,8 +433,9 @@ def _bwd_dq_kernel(
                 dq, q, do, lse2, delta, *args, lo if part == 0 else (full_lo if part == 1 else full_hi),
                 full_lo if part == 0 else (full_hi if part == 1 else hi), offs_m, offs_d, seqlen_q, seqlen_k,
                 qk_scale, softcap, alibi_slope, window_left, window_right, KvIdx, MaskBuf, ScoreBuf, batch, head,
-                BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, part != 1, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-                HAS_BIAS, HAS_DROPOUT, HAS_DBIAS, DOT_PRECISION, False, BLOCK_N, None, SCORE_MOD, SCORE_GRAD)
+                DescK, DescV, head_kv, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, part != 1, HAS_LEFT, HAS_RIGHT,
+                HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS, DOT_PRECISION, False, BLOCK_N, None,
+                SCORE_MOD, SCORE_GRAD, USE_TMA)
     dq *= softmax_scale
     tl.store(DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh + rows * stride_dqm
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=mask)

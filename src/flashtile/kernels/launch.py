@@ -213,7 +213,7 @@ def attention_forward_triton(
     def launch(cfg):
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
         descriptors = use_tma and tma.compiles(cfg.num_stages)
-        desc_k, desc_v = tma.kv_descriptors(k, v, cfg.BLOCK_N, head_dim_padded) if descriptors else (k, v)
+        desc_k, desc_v = tma.tile_descriptors((k, v), cfg.BLOCK_N, head_dim_padded) if descriptors else (k, v)
         _fwd_kernel[(num_m_blocks * batch * heads_q,)](
             q, k, v, out, lse, alibi, bias_ptr, cu_q, cu_k, *mask_ptrs, score_buf, desc_k, desc_v,
             *_batch_stride(q, varlen), *_batch_stride(k, varlen), *_batch_stride(v, varlen),
@@ -322,27 +322,36 @@ def attention_backward_triton(
         IS_VARLEN=varlen is not None,
     )
 
+    use_tma = varlen is None and tma.requested() and all(tma.addressable(t) for t in (q, k, v, dout))
+
     def launch_dkdv(cfg):
         num_n_blocks = triton.cdiv(seqlen_k, cfg.BLOCK_N)
+        descriptors = use_tma and tma.compiles(cfg.num_stages)
+        desc_q, desc_do = (tma.tile_descriptors((q, dout), cfg.BLOCK_M, head_dim_padded) if descriptors
+                           else (q, dout))
         _bwd_dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
-            q, k, v, dout, lse, delta, dk, dv, alibi, bias_ptr, cu_q, cu_k, *q_lists, score_buf,
+            q, k, v, dout, lse, delta, dk, dv, alibi, bias_ptr, cu_q, cu_k, *q_lists, score_buf, desc_q, desc_do,
             *strides, *_batch_stride(dk, varlen), *_batch_stride(dv, varlen), stride_ab, stride_ah,
             *bias_strides, *lse_strides, *q_list_strides, heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k,
             num_n_blocks,
             softmax_scale, qk_scale, float(softcap), *window, seed, float(dropout_p),
-            MASK_MOD=mask_fn, SCORE_MOD=score_fn, SCORE_GRAD=score_grad, **common, **_launch_args(cfg),
+            MASK_MOD=mask_fn, SCORE_MOD=score_fn, SCORE_GRAD=score_grad, USE_TMA=descriptors, **common,
+            **_launch_args(cfg),
         )
 
     def launch_dq(cfg):
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
+        descriptors = use_tma and tma.compiles(cfg.num_stages)
+        desc_k, desc_v = tma.tile_descriptors((k, v), cfg.BLOCK_N, head_dim_padded) if descriptors else (k, v)
         _bwd_dq_kernel[(num_m_blocks * batch * heads_q,)](
             q, k, v, dout, lse, delta, dq, alibi, bias_ptr, dbias_full, cu_q, cu_k, *kv_lists, score_buf,
+            desc_k, desc_v,
             *strides, *_batch_stride(dq, varlen), stride_ab, stride_ah,
             *bias_strides, *lse_strides, *kv_list_strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k,
             num_m_blocks,
             softmax_scale, qk_scale, float(softcap), *window, seed, float(dropout_p),
-            HAS_DBIAS=has_dbias, MASK_MOD=mask_fn, SCORE_MOD=score_fn, SCORE_GRAD=score_grad, **common,
-            **_launch_args(cfg),
+            HAS_DBIAS=has_dbias, MASK_MOD=mask_fn, SCORE_MOD=score_fn, SCORE_GRAD=score_grad, USE_TMA=descriptors,
+            **common, **_launch_args(cfg),
         )
 
     if block_mask is not None:  # tile sizes are the block mask's: nothing to tune

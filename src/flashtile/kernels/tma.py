@@ -1,9 +1,10 @@
-"""Tensor descriptors for the forward kernel's K/V stream (Hopper's TMA), opt-in.
+"""Tensor descriptors for the tiles the attention kernels stream (Hopper's TMA), opt-in.
 
 With a descriptor, one instruction copies a whole K or V tile into shared memory and fills
 zeros past the tensor's edges. The pointer path computes an address and a bounds mask per
-element instead. The descriptor path is taken with ``FLASHTILE_TMA=1``, on sm_90 and newer
-(or under the interpreter, for the tests), for dense batches whose K and V TMA can address.
+element instead. The forward and the dQ kernel stream K and V, the dK/dV kernel Q and dO.
+The descriptor path is taken with ``FLASHTILE_TMA=1``, on sm_90 and newer (or under the
+interpreter, for the tests), for dense batches whose tensors TMA can address.
 Packed (varlen) batches keep the pointer path: a descriptor's zero fill stops at the end of
 the packed tensor, not at the end of each sequence.
 """
@@ -18,9 +19,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..backends import interpreting
 
-# Triton 3.6's ptxas crashes (SIGSEGV) on the forward kernel's descriptor loops at
-# num_stages=2, for every head dim, causal or not; 1 and 3 stages compile, and Triton
-# 3.9 compiles all three (tools/compile_check.py). Those configs keep the pointer path.
+# Triton 3.6's ptxas crashes (SIGSEGV) on the forward and dQ kernels' descriptor loops at
+# num_stages=2 (every head dim, causal or not; the dK/dV kernel compiled); 1 and 3 stages
+# compile, and Triton 3.9 compiles all three (tools/compile_check.py). Configs at 2 stages
+# keep the pointer path, in every kernel.
 _CRASHING_STAGES = {2} if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9) else set()
 
 
@@ -45,7 +47,7 @@ def addressable(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9
 
 
-def kv_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int, head_dim_padded: int):
-    """Descriptors of k and v (B, Hkv, Sk, D), each tile (1, 1, block_n, head_dim_padded)."""
-    box = [1, 1, block_n, head_dim_padded]
-    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), box) for t in (k, v))
+def tile_descriptors(tensors, rows: int, head_dim_padded: int) -> tuple:
+    """A descriptor of each (B, H, S, D) tensor whose tile is (1, 1, rows, head_dim_padded)."""
+    box = [1, 1, rows, head_dim_padded]
+    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), box) for t in tensors)
