@@ -94,6 +94,9 @@ def _jit_user(fn: Callable, name: str, params: str, kind: str, extra_globals: di
 
     ``extra_globals`` rebind names the function reads (a score_mod's ``torch``).
     """
+    if fn.__name__ == "<lambda>":  # triton.jit compiles a function from its def's source text
+        raise ValueError(f"{kind}: a lambda cannot be compiled into the Triton kernels; define it with def "
+                         "(the reference backend runs either)")
     import triton
     import triton.language as tl
 
