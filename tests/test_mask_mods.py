@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -128,6 +130,9 @@ def test_lambda_mask_mod_runs_on_the_reference_backend_and_is_refused_by_the_ker
         with pytest.raises(ValueError, match=r"^mask_mod: a lambda cannot be compiled into the Triton kernels; "
                                              r"define it with def \(the reference backend runs either\)$"):
             flashtile.attention(q, q, q, mask_mod=mask)
+        with pytest.raises(ValueError, match=r"^mask_mod: the Triton kernels compile a function defined with def, "
+                                             r"got partial \(the reference backend runs any callable\)$"):
+            flashtile.attention(q, q, q, mask_mod=functools.partial(every_other_head_causal))
 
 
 def test_plain_function_builds_its_block_mask_once():

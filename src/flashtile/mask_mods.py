@@ -94,7 +94,11 @@ def _jit_user(fn: Callable, name: str, params: str, kind: str, extra_globals: di
 
     ``extra_globals`` rebind names the function reads (a score_mod's ``torch``).
     """
-    if fn.__name__ == "<lambda>":  # triton.jit compiles a function from its def's source text
+    # triton.jit compiles a function from its def's source text.
+    if not isinstance(fn, types.FunctionType):
+        raise ValueError(f"{kind}: the Triton kernels compile a function defined with def, got "
+                         f"{type(fn).__name__} (the reference backend runs any callable)")
+    if fn.__name__ == "<lambda>":
         raise ValueError(f"{kind}: a lambda cannot be compiled into the Triton kernels; define it with def "
                          "(the reference backend runs either)")
     import triton
