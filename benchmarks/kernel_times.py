@@ -12,9 +12,8 @@ from __future__ import annotations
 import argparse
 
 import torch
+from packed import dense_and_packed
 from torch.profiler import ProfilerActivity, profile
-
-import flashtile
 
 
 def backward_kernel_times(fn, leaves, device: torch.device, iters: int) -> list[tuple[str, float, int]]:
@@ -51,15 +50,7 @@ def main():
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shape = (args.seqs, args.seqlen, args.heads, args.headdim)
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
-    cu = torch.arange(0, (args.seqs + 1) * args.seqlen, args.seqlen, dtype=torch.int32, device=device)
-    packed = [t.detach().flatten(0, 1).requires_grad_() for t in (q, k, v)]
-    cases = {
-        "dense": (lambda: flashtile.flash_attn_func(q, k, v, causal=True), (q, k, v)),
-        "varlen": (lambda: flashtile.flash_attn_varlen_func(*packed, cu, cu, args.seqlen, args.seqlen, causal=True),
-                   packed),
-    }
+    cases = dense_and_packed(args.seqs, args.seqlen, args.heads, args.headdim, device, dtype)
     print(f"backward, {args.seqs} x {args.seqlen} causal, heads {args.heads}, headdim {args.headdim}, {dtype}: "
           "ms per call, launches per call")
     for name, (fn, leaves) in cases.items():

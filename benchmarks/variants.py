@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+from packed import dense_and_packed
 from timing import median_ms
 
 import flashtile
@@ -45,16 +46,8 @@ def main():
 
 def varlen_vs_dense(num_seqs=8, seqlen=2048):
     """Packed sequences of equal length against the dense batch with the same tokens."""
-    q, k, v = (torch.randn(num_seqs, seqlen, 16, 128, device=ARGS.device, dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
-    cu = torch.arange(0, (num_seqs + 1) * seqlen, seqlen, dtype=torch.int32, device=ARGS.device)
-    qp, kp, vp = (t.detach().flatten(0, 1).requires_grad_() for t in (q, k, v))
     results = {}
-    for name, fn, leaves in (
-        ("dense", lambda: flashtile.flash_attn_func(q, k, v, causal=True), (q, k, v)),
-        ("varlen", lambda: flashtile.flash_attn_varlen_func(qp, kp, vp, cu, cu, seqlen, seqlen, causal=True),
-         (qp, kp, vp)),
-    ):
+    for name, (fn, leaves) in dense_and_packed(num_seqs, seqlen, 16, 128, ARGS.device, torch.bfloat16).items():
         out = fn()
         dout = torch.randn_like(out)
         results[name] = (median_ms(fn, ARGS.device),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -158,6 +160,21 @@ def test_plain_function_pairs_with_its_block_mask(backend):
     # FlexAttention's idiom: the same plain function to create_block_mask and to attention.
     # It was wrapped anew by each, and the pair was refused as "another mask_mod".
     check_mask(later_half_causal, blocks=(16, 16))
+
+
+def test_lambda_mask_mod_runs_on_the_reference_backend_and_is_refused_by_the_kernels(backend):
+    # triton.jit compiles a def from its source: a lambda was a SyntaxError deep in the launch.
+    mask = mask_mod(lambda b, h, q_idx, kv_idx: (q_idx >= kv_idx) & (kv_idx >= q_idx // 2))
+    if backend == "reference":
+        check_mask(mask)
+    else:
+        q = torch.randn(1, 20, 2, 16, device=DEVICE)
+        with pytest.raises(ValueError, match=r"^mask_mod: a lambda cannot be compiled into the Triton kernels; "
+                                             r"define it with def \(the reference backend runs either\)$"):
+            flashtile.attention(q, q, q, mask_mod=mask)
+        with pytest.raises(ValueError, match=r"^mask_mod: the Triton kernels compile a function defined with def, "
+                                             r"got partial \(the reference backend runs any callable\)$"):
+            flashtile.attention(q, q, q, mask_mod=functools.partial(every_other_head_causal))
 
 
 def test_plain_function_builds_its_block_mask_once():

@@ -94,6 +94,13 @@ def _jit_user(fn: Callable, name: str, params: str, kind: str, extra_globals: di
 
     ``extra_globals`` rebind names the function reads (a score_mod's ``torch``).
     """
+    # triton.jit compiles a function from its def's source text.
+    if not isinstance(fn, types.FunctionType):
+        raise ValueError(f"{kind}: the Triton kernels compile a function defined with def, got "
+                         f"{type(fn).__name__} (the reference backend runs any callable)")
+    if fn.__name__ == "<lambda>":
+        raise ValueError(f"{kind}: a lambda cannot be compiled into the Triton kernels; define it with def "
+                         "(the reference backend runs either)")
     import triton
     import triton.language as tl
 
@@ -147,11 +154,17 @@ def mask_mod(fn: Callable) -> MaskMod:
         raise TypeError(f"mask_mod: expected a function (b, h, q_idx, kv_idx) -> bool, got {type(fn).__name__}")
     mod = MaskMod(getattr(fn, "__name__", "user_mask"), lambda b, h, q, kv, buffer: fn(b, h, q, kv), None,
                   user_fn=fn)
-    try:  # kept on the function itself: it goes when the function goes
-        setattr(fn, _CACHE_ATTR, mod)
+    return _keep_on(fn, _CACHE_ATTR, mod)
+
+
+def _keep_on(fn: Callable, attr: str, wrapper):
+    """Keep ``wrapper`` on the user's ``fn`` as ``attr`` and return it: it goes when the
+    function goes. A callable that takes no attributes is wrapped anew on each call."""
+    try:
+        setattr(fn, attr, wrapper)
     except (AttributeError, TypeError):
-        pass  # a callable that takes no attributes is wrapped anew on each call
-    return mod
+        pass
+    return wrapper
 
 
 def causal_mask() -> MaskMod:

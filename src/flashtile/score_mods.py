@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from .mask_mods import _exec_source, _jit_user
+from .mask_mods import _exec_source, _jit_user, _keep_on
 from .op_names import OpNames, constant_under_compile
 
 # The custom ops take a score modifier by name (see flashtile.op_names).
@@ -158,12 +158,8 @@ def score_mod(fn: Callable, grad: Callable | float | None = None) -> ScoreMod:
     mod = ScoreMod(name, lambda s, b, h, q, kv, buffer: fn(s, b, h, q, kv), user_fn=fn, user_grad=grad)
     if grad is not None:
         _check_grad(mod)
-    else:
-        try:  # kept on the function itself: it goes when the function goes
-            setattr(fn, _CACHE_ATTR, mod)
-        except (AttributeError, TypeError):
-            pass  # a callable that takes no attributes is wrapped anew on each call
-    return mod
+        return mod
+    return _keep_on(fn, _CACHE_ATTR, mod)
 
 
 def _constant_grad(value: float) -> Callable:
