@@ -3,9 +3,12 @@
     compute-sanitizer --tool memcheck python benchmarks/sanitize.py
 """
 
+import os
+
 import torch
 
 import flashtile
+from flashtile.kernels import configs
 
 torch.manual_seed(0)
 for (b, sq, sk, hq, hkv, d, causal) in [(1, 17, 33, 4, 2, 40, True), (2, 113, 17, 2, 1, 80, False),
@@ -19,6 +22,10 @@ for (b, sq, sk, hq, hkv, d, causal) in [(1, 17, 33, 4, 2, 40, True), (2, 113, 17
 cu = torch.tensor([0, 5, 5, 40], dtype=torch.int32, device="cuda")
 x = torch.randn(43, 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
 flashtile.flash_attn_varlen_func(x, x, x, cu, cu, 35, 35, causal=True).sum().backward()
+# Packed sequences longer than a tile: the dK/dV pass reads LSE and D unmasked in whole tiles.
+cu = torch.tensor([0, 130, 130, 333], dtype=torch.int32, device="cuda")
+x = torch.randn(333, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+flashtile.flash_attn_varlen_func(x, x, x, cu, cu, 203, 203, causal=True).sum().backward()
 kc = torch.randn(12, 16, 2, 64, device="cuda", dtype=torch.float16)
 table = torch.randperm(12, device="cuda")[:8].view(2, 4).to(torch.int32)
 flashtile.flash_attn_with_kvcache(torch.randn(2, 3, 4, 64, device="cuda", dtype=torch.float16), kc, kc.clone(),
@@ -44,5 +51,13 @@ qm = torch.randn(1, 75, 2, 64, device="cuda", dtype=torch.bfloat16, requires_gra
 block_mask = flashtile.create_block_mask(mask, 1, 1, 75, 75, device="cuda", block_m=64, block_n=32)
 flashtile.attention(qm, qm, qm, block_mask=block_mask,
                     score_mod=flashtile.score_mods.softcap_score(20.0)).sum().backward()
+# Tiles through tensor descriptors (FLASHTILE_TMA=1, kernels/tma.py), odd lengths.
+os.environ["FLASHTILE_TMA"] = "1"
+qt = torch.randn(2, 203, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+kt = torch.randn(2, 77, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+# Configs at 1 and 3 stages: Triton 3.6 keeps the pointer path at 2 (kernels/tma.py).
+with configs.override(forward=configs.KernelConfig(128, 64, 8, 3),
+                      backward=(configs.KernelConfig(64, 64, 4, 1), configs.KernelConfig(64, 64, 4, 1))):
+    flashtile.attention(qt, kt, kt, causal=True).sum().backward()
 torch.cuda.synchronize()
 print("sanitize: all kernels ran")
