@@ -93,3 +93,15 @@ def test_block_mask_tiles_that_do_not_fit_get_a_clear_error():
                                          r"headdim 256, torch.float32 .*block_m=64, block_n=64"):
         with _block_mask_tiles_must_fit((128, 128), 256, torch.float32):
             raise OutOfResources(294912, 232448, "shared memory")
+
+
+def test_a_block_masks_larger_dkdv_tile_gets_eight_warps(h200):
+    # d64's table dK/dV tile is 32 x 128 at 4 warps; a block mask's default backward tiles
+    # make it 64 x 128, which at 4 warps spilled its accumulators (3.6x the built-in's time
+    # on the H200). Tiles no larger than the table's keep its warps and stages.
+    table, _ = configs.backward_configs(64, torch.bfloat16, True, h200)
+    masked, _ = configs.backward_configs(64, torch.bfloat16, True, h200, blocks=(128, 64))
+    assert (table.BLOCK_M * table.BLOCK_N, table.num_warps) == (32 * 128, 4)
+    assert (masked.BLOCK_M, masked.BLOCK_N, masked.num_warps, masked.num_stages) == (64, 128, 8, 2)
+    same_size, _ = configs.backward_configs(128, torch.bfloat16, True, h200, blocks=(128, 64))
+    assert same_size == configs.backward_configs(128, torch.bfloat16, True, h200)[0]

@@ -142,6 +142,12 @@ def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool, device: to
             dkdv = dq = KernelConfig(32, 64, 4, 1)
     else:
         dkdv = dq = KernelConfig(64, 64, 4, 2) if head_dim <= 64 else KernelConfig(32, 64, 4, 1)
+    table_dkdv_area = dkdv.BLOCK_M * dkdv.BLOCK_N
     dkdv, dq = _with_blocks(dkdv, dkdv_blocks), _with_blocks(dq, blocks)
+    if major >= 9 and dtype != torch.float32 and dkdv.BLOCK_M * dkdv.BLOCK_N > table_dkdv_area:
+        # A block mask's dK/dV tile larger than the table's: at d64 the mask's 64 x 128 with
+        # the table's 4 warps ran the causal backward 3.6x the built-in's (spilled dK/dV
+        # accumulators); 8 warps at 2 stages ran it 1.03x (H200, N = 16k; docs/performance.md).
+        dkdv = KernelConfig(dkdv.BLOCK_M, dkdv.BLOCK_N, 8, 2)
     return (_fit(dkdv, head_dim, elem, smem, streams_keys=False, bias_elem=bias_elem, dropout=dropout),
             _fit(dq, head_dim, elem, smem, bias_elem=bias_elem, dropout=dropout))
