@@ -23,10 +23,17 @@ def _num_sms(device_index: int) -> int:
 # 2.84-4.30 TB/s contiguous, while 8 (four splits) read 0.82-3.83 TB/s in every such cell;
 # batch 128 (1024 programs, one split either way) reads at the copy ceiling with both.
 PROGRAMS_PER_SM = 2
+# A paged cache wants more programs: at batch 32 (256 programs) two splits read 3.77 / 4.28
+# TB/s (8k / 32k caches) against one split's 3.36 / 3.71, while the contiguous cache lost
+# (3.45 / 3.53 against 3.99 / 4.35; H200, one run, docs/performance.md session 6). Each tile's
+# addresses wait on its page index, so more programs in flight hide that latency.
+PAGED_PROGRAMS_PER_SM = 4
 
 
-def choose_num_splits(batch: int, heads_kv: int, m_blocks: int, max_keys: int, device: torch.device) -> int:
-    """Enough programs for PROGRAMS_PER_SM per SM, each split keeping at least 256 keys.
+def choose_num_splits(batch: int, heads_kv: int, m_blocks: int, max_keys: int, device: torch.device,
+                      paged: bool = False) -> int:
+    """Enough programs for PROGRAMS_PER_SM per SM (PAGED_PROGRAMS_PER_SM with a block
+    table), each split keeping at least 256 keys.
 
     Decided from shapes alone (the cache's capacity, not the device-side lengths), so
     choosing never waits on the GPU.
@@ -35,7 +42,8 @@ def choose_num_splits(batch: int, heads_kv: int, m_blocks: int, max_keys: int, d
         return 1
     sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
     programs = batch * heads_kv * m_blocks
-    return max(1, min(PROGRAMS_PER_SM * sms // max(programs, 1), triton.cdiv(max_keys, 256), 64))
+    target = PAGED_PROGRAMS_PER_SM if paged else PROGRAMS_PER_SM
+    return max(1, min(target * sms // max(programs, 1), triton.cdiv(max_keys, 256), 64))
 
 
 def _key_block(page_size: int | None) -> int:
@@ -84,7 +92,7 @@ def decode_attention_triton(
     block_m = max(16, min(64, triton.next_power_of_2(rows)))
     m_blocks = triton.cdiv(rows, block_m)
     if num_splits <= 0:
-        num_splits = choose_num_splits(batch, heads_kv, m_blocks, max_keys, q.device)
+        num_splits = choose_num_splits(batch, heads_kv, m_blocks, max_keys, q.device, paged=block_table is not None)
     block_n = _key_block(page_size)
     out = torch.empty(num_splits, batch, seqlen_q, heads_q, head_dim,
                       dtype=q.dtype if num_splits == 1 else torch.float32, device=q.device)
