@@ -14,6 +14,11 @@
 # Logs under $OUT; a short summary is printed last.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
+# An OLD_SRC that did not reach the device (git-ignored paths travel only when carried) would
+# fail each A/B step late, after the new tree's steps used the call's time.
+if [[ -n "${OLD_SRC:-}" && ! -d "$OLD_SRC/flashtile" ]]; then
+  echo "OLD_SRC=$OLD_SRC holds no flashtile/: was it carried to this machine?" >&2; exit 2
+fi
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 FLASHTILE_HYPOTHESIS_PROFILE=gpu
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/gpu.txt"
