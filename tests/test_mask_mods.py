@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -45,8 +46,24 @@ def check_mask(mask, seqlen_q=37, seqlen_k=37, heads_q=4, heads_kv=2, headdim=16
     assert_grads_match_oracle(out, grads, q, k, v, dout, bias=bias)
 
 
+def every_other_16_keys(b, h, q_idx, kv_idx):
+    # Full tiles that are not consecutive (at 16-key tiles: 0, 2, 4, ...), and the diagonal.
+    return ((kv_idx // 16) % 2 == 0) | (q_idx == kv_idx)
+
+
+def every_other_64_keys(b, h, q_idx, kv_idx):
+    # The same at the GPU's default block-mask tiles (128 x 64).
+    return ((kv_idx // 64) % 2 == 0) | (q_idx == kv_idx)
+
+
+def every_other_16_queries(b, h, q_idx, kv_idx):
+    # Per K/V tile, full Q tiles that are not consecutive (the dK/dV pass's lists).
+    return ((q_idx // 16) % 2 == 0) | (q_idx == kv_idx)
+
+
 MASKS = {
     "causal": lambda: causal_mask(),
+    "every-other-key-tile": lambda: every_other_64_keys if DEVICE == "cuda" else every_other_16_keys,
     "causal-window-5": lambda: and_masks(causal_mask(), sliding_window_mask(5)),
     "prefix-lm-9": lambda: prefix_lm_mask(9),
     "chunked-8-or-causal-window": lambda: or_masks(chunked_mask(8), and_masks(causal_mask(), sliding_window_mask(2))),
@@ -260,6 +277,33 @@ def test_mask_errors():
 def test_gpu_mask_mod(name, monkeypatch):
     monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
     check_mask(MASKS[name](), seqlen_q=1000, seqlen_k=1000, heads_q=8, heads_kv=2, headdim=64)
+
+
+def test_full_tiles_walk_as_a_range_only_when_consecutive(backend):
+    # Every row's full tiles consecutive (causal, document, window): the kernels walk them
+    # as a key range (BlockMask.*_full_range), not through the list. Every other key tile
+    # full: through the list.
+    causal = flashtile.create_block_mask(causal_mask(), 2, 4, 45, 70, DEVICE, 16, 16)
+    assert (causal.kv_full_range, causal.dq_full_range, causal.q_full_range) == (True, True, True)
+    strided = flashtile.create_block_mask(every_other_16_keys, 2, 4, 45, 70, DEVICE, 16, 16)
+    assert (strided.kv_full_range, strided.dq_full_range) == (False, False)
+    assert bool((strided.kv_count - strided.kv_partial > 1).any()), "rows with several full tiles"
+    by_queries = flashtile.create_block_mask(every_other_16_queries, 2, 4, 80, 70, DEVICE, 16, 16)
+    assert by_queries.q_full_range is False
+    if backend != "triton":
+        return
+    # Each flag reaches its kernel: claimed wrongly, that kernel's result is wrong.
+    for mask, bm, flag, result in ((every_other_16_keys, strided, "kv_full_range", "out"),
+                                   (every_other_16_keys, strided, "dq_full_range", "dq"),
+                                   (every_other_16_queries, by_queries, "q_full_range", "dk")):
+        q, k, v = (torch.randn(2, n, 4, 16, device=DEVICE, requires_grad=True) for n in (bm.seqlen_q, 70, 70))
+        dout = torch.randn_like(q)
+        results = []
+        for block_mask in (bm, dataclasses.replace(bm, **{flag: True})):
+            out = flashtile.attention(q, k, v, mask_mod=mask, block_mask=block_mask)
+            dq, dk, _ = torch.autograd.grad(out, (q, k, v), dout)
+            results.append(dict(out=out, dq=dq, dk=dk)[result])
+        assert max_error(*results) > 0.1, flag
 
 
 def test_generated_masks_trace_under_torch_compile():

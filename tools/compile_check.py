@@ -97,7 +97,7 @@ def variants(quick: bool):
     flags = dict(PLAIN, HAS_RIGHT=True)
     every = dict(PLAIN, HAS_LEFT=True, HAS_RIGHT=True, HAS_SOFTCAP=True, HAS_ALIBI=True, HAS_BIAS=True,
                  HAS_DROPOUT=True, IS_VARLEN=True)
-    masked = dict(flags, HAS_RIGHT=False, MASK_MOD=mask, SCORE_MOD=score, SCORE_GRAD=score_grad)
+    masked = dict(flags, HAS_RIGHT=False, MASK_MOD=mask, SCORE_MOD=score, SCORE_GRAD=score_grad, FULL_RANGE=True)
     dims = [(128, 128)] if quick else [(128, 128), (40, 64), (256, 256)]
     for d, dp in dims:
         for name, f in ([("causal", flags), ("mask_mod+score_mod", masked)] if quick else

@@ -66,6 +66,12 @@ class BlockMask:
     q_partial: torch.Tensor
     q_count: torch.Tensor
     q_order: torch.Tensor
+    # Whether every row's full tiles are consecutive tile numbers, per list (kv: forward,
+    # dq: dQ pass, q: dK/dV pass). The kernels then walk them as a range, as the built-in
+    # kernels walk their band, instead of through the list (see _fwd_kernel).
+    kv_full_range: bool = False
+    dq_full_range: bool = False
+    q_full_range: bool = False
 
     @property
     def backward_blocks(self) -> tuple[int, int]:
@@ -118,6 +124,20 @@ def _lists(kinds: torch.Tensor):
     return indices.contiguous(), partial.contiguous(), count.contiguous(), schedule.contiguous()
 
 
+def _full_tiles_consecutive(indices: torch.Tensor, partial: torch.Tensor, count: torch.Tensor) -> bool:
+    """Whether in every row of ``_lists`` the full tiles (positions partial..count) are
+    consecutive tile numbers: true of causal, window, document and prefix masks. One host
+    sync, once per cached block mask."""
+    tiles = indices.shape[-1]
+    if tiles == 0:
+        return True
+    pos = torch.arange(tiles, device=indices.device, dtype=torch.int32)
+    partial, count = partial.unsqueeze(-1), count.unsqueeze(-1)
+    first = indices.gather(-1, partial.clamp(max=tiles - 1).long())
+    outside_full = (pos < partial) | (pos >= count)
+    return bool(((indices - first == pos - partial) | outside_full).all())
+
+
 @functools.lru_cache(maxsize=64)
 def _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_block_n, device):
     def classify(rows, cols):
@@ -131,7 +151,10 @@ def _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_b
     dq = kv if backward is kinds else _lists(backward)
     transposed = backward if backward_block_n == block_m else classify(backward_block_n, block_m)
     q = _lists(transposed.transpose(2, 3))
-    return BlockMask(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_block_n, *kv, *dq, *q)
+    return BlockMask(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_block_n, *kv, *dq, *q,
+                     kv_full_range=_full_tiles_consecutive(*kv[:3]),
+                     dq_full_range=_full_tiles_consecutive(*dq[:3]),
+                     q_full_range=_full_tiles_consecutive(*q[:3]))
 
 
 def create_block_mask(mask, batch: int = 1, heads: int = 1, seqlen_q: int = 1, seqlen_k: int = 1, device=None,

@@ -180,6 +180,7 @@ def _bwd_dkdv_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr, USE_TMA: tl.constexpr,
+    FULL_RANGE: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     seed = 0
@@ -237,12 +238,17 @@ def _bwd_dkdv_kernel(
             n_visited = tl.load(QCount + row)
             Idx = QIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_n * stride_im
             for part in tl.static_range(2):  # unrolled at compile time
+                if part == 1 and FULL_RANGE:  # consecutive full tiles walked as a range: see _fwd_kernel
+                    first = tl.load(Idx + n_partial, mask=n_partial < n_visited, other=0) * BLOCK_M
+                    lo, hi, sparse, step = first, first + (n_visited - n_partial) * BLOCK_M, False, BLOCK_M
+                else:
+                    lo, hi = n_partial * 0 if part == 0 else n_partial, n_partial if part == 0 else n_visited
+                    sparse, step = True, 1
                 dk, dv = _bwd_dkdv_inner(
-                    dk, dv, k, v, *args, n_partial * 0 if part == 0 else n_partial,
-                    n_partial if part == 0 else n_visited, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
+                    dk, dv, k, v, *args, lo, hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
                     alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, DescQ, DescDO,
                     BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-                    HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD, USE_TMA)
+                    HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, sparse, step, MASK_MOD, SCORE_MOD, SCORE_GRAD, USE_TMA)
         else:  # the band's Q tiles, unrolled at compile time: masked edge, unmasked middle, masked edge
             for part in tl.static_range(3):
                 dk, dv = _bwd_dkdv_inner(
@@ -362,7 +368,7 @@ def _bwd_dq_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, HAS_DBIAS: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, FULL_RANGE: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     seed = 0
@@ -419,12 +425,17 @@ def _bwd_dq_kernel(
         n_visited = tl.load(KvCount + row)
         Idx = KvIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_m * stride_im
         for part in tl.static_range(2):  # unrolled at compile time
+            if part == 1 and FULL_RANGE:  # consecutive full tiles walked as a range: see _fwd_kernel
+                first = tl.load(Idx + n_partial, mask=n_partial < n_visited, other=0) * BLOCK_N
+                lo, hi, sparse, step = first, first + (n_visited - n_partial) * BLOCK_N, False, BLOCK_N
+            else:
+                lo, hi = n_partial * 0 if part == 0 else n_partial, n_partial if part == 0 else n_visited
+                sparse, step = True, 1
             dq = _bwd_dq_inner(
-                dq, q, do, lse2, delta, *args, n_partial * 0 if part == 0 else n_partial,
-                n_partial if part == 0 else n_visited, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
+                dq, q, do, lse2, delta, *args, lo, hi, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
                 alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, DescK, DescV, head_kv,
                 BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS,
-                HAS_DROPOUT, HAS_DBIAS, DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD, USE_TMA)
+                HAS_DROPOUT, HAS_DBIAS, DOT_PRECISION, sparse, step, MASK_MOD, SCORE_MOD, SCORE_GRAD, USE_TMA)
     else:  # the band's K/V tiles, unrolled at compile time: masked edge, unmasked middle, masked edge
         lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT)

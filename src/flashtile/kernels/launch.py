@@ -75,10 +75,10 @@ def _bias_args(bias: torch.Tensor | None, q: torch.Tensor, seqlen_k: int):
 def _block_mask_args(block_mask, kernel: str, dummy: torch.Tensor):
     """(indices, partial counts, counts, schedule, mask buffer) of one kernel's tile lists
     (``kernel``: "fwd", "dq" or "dkdv"), their strides (0 where the block mask is shared by
-    all batch entries or heads; the schedule has the counts'), and the jitted mask, or
-    dummies without one."""
+    all batch entries or heads; the schedule has the counts'), and the kernel's constexprs
+    (the jitted mask; whether its full tiles are walked as a range), or dummies without one."""
     if block_mask is None:
-        return (dummy, dummy, dummy, dummy, dummy), (0, 0, 0, 0, 0), None
+        return (dummy, dummy, dummy, dummy, dummy), (0, 0, 0, 0, 0), dict(MASK_MOD=None, FULL_RANGE=False)
     prefix = {"fwd": "kv", "dq": "dq", "dkdv": "q"}[kernel]
     idx, partial, count, order = (getattr(block_mask, f"{prefix}_{part}")
                                   for part in ("indices", "partial", "count", "order"))
@@ -86,7 +86,8 @@ def _block_mask_args(block_mask, kernel: str, dummy: torch.Tensor):
     shared_b, shared_h = block_mask.batch == 1, block_mask.heads == 1
     strides = (0 if shared_b else idx.stride(0), 0 if shared_h else idx.stride(1), idx.stride(2),
                0 if shared_b else count.stride(0), 0 if shared_h else count.stride(1))
-    return (idx, partial, count, order, buffer), strides, block_mask.mask.triton_fn()
+    constexprs = dict(MASK_MOD=block_mask.mask.triton_fn(), FULL_RANGE=getattr(block_mask, f"{prefix}_full_range"))
+    return (idx, partial, count, order, buffer), strides, constexprs
 
 
 def _fit_args(bias: torch.Tensor | None, block_mask, dropout_p: float, backward: bool = False) -> dict:
@@ -205,7 +206,7 @@ def attention_forward_triton(
         fill_rows_outside(lse.t(), cu_q, float("-inf"))
     alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, q)
     bias_ptr, bias_strides = _bias_args(bias, q, seqlen_k)
-    mask_ptrs, mask_strides, mask_fn = _block_mask_args(block_mask, "fwd", lse)
+    mask_ptrs, mask_strides, mask_constexprs = _block_mask_args(block_mask, "fwd", lse)
     score_buf, score_fn, _ = _score_mod_args(score_mod, lse)
 
     use_tma = varlen is None and tma.requested() and tma.addressable(k) and tma.addressable(v)
@@ -224,8 +225,8 @@ def attention_forward_triton(
             HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, HAS_LEFT=band.left is not None, HAS_RIGHT=causal_like,
             HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_BIAS=bias is not None,
             HAS_DROPOUT=dropout_p > 0, IS_VARLEN=varlen is not None,
-            DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), MASK_MOD=mask_fn, SCORE_MOD=score_fn,
-            USE_TMA=descriptors, **_launch_args(cfg),
+            DOT_PRECISION=_dot_precision(q.dtype, allow_tf32), SCORE_MOD=score_fn, USE_TMA=descriptors,
+            **mask_constexprs, **_launch_args(cfg),
         )
 
     cfg = forward_config(head_dim_padded, q.dtype, causal_like, q.device, seqlen_q,
@@ -294,8 +295,8 @@ def attention_backward_triton(
     dbias_full = (torch.zeros(batch, heads_q, seqlen_q, seqlen_k, dtype=torch.float32, device=q.device)
                   if has_dbias else delta)
     seed = dropout_seed if dropout_seed is not None else lse  # a dummy pointer without dropout
-    q_lists, q_list_strides, mask_fn = _block_mask_args(block_mask, "dkdv", lse)
-    kv_lists, kv_list_strides, _ = _block_mask_args(block_mask, "dq", lse)
+    q_lists, q_list_strides, dkdv_mask_constexprs = _block_mask_args(block_mask, "dkdv", lse)
+    kv_lists, kv_list_strides, dq_mask_constexprs = _block_mask_args(block_mask, "dq", lse)
     score_buf, score_fn, score_grad = _score_mod_args(score_mod, lse)
     if score_mod is not None and score_grad is None:
         raise ValueError(f"score_mod: {score_mod.name!r} has no derivative for the Triton kernels; wrap it as "
@@ -335,7 +336,7 @@ def attention_backward_triton(
             *bias_strides, *lse_strides, *q_list_strides, heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k,
             num_n_blocks,
             softmax_scale, qk_scale, float(softcap), *window, seed, float(dropout_p),
-            MASK_MOD=mask_fn, SCORE_MOD=score_fn, SCORE_GRAD=score_grad, USE_TMA=descriptors, **common,
+            SCORE_MOD=score_fn, SCORE_GRAD=score_grad, USE_TMA=descriptors, **dkdv_mask_constexprs, **common,
             **_launch_args(cfg),
         )
 
@@ -350,8 +351,8 @@ def attention_backward_triton(
             *bias_strides, *lse_strides, *kv_list_strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k,
             num_m_blocks,
             softmax_scale, qk_scale, float(softcap), *window, seed, float(dropout_p),
-            HAS_DBIAS=has_dbias, MASK_MOD=mask_fn, SCORE_MOD=score_fn, SCORE_GRAD=score_grad, USE_TMA=descriptors,
-            **common, **_launch_args(cfg),
+            HAS_DBIAS=has_dbias, SCORE_MOD=score_fn, SCORE_GRAD=score_grad, USE_TMA=descriptors,
+            **dq_mask_constexprs, **common, **_launch_args(cfg),
         )
 
     if block_mask is not None:  # tile sizes are the block mask's: nothing to tune
