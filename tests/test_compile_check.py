@@ -66,9 +66,8 @@ def test_builtin_and_contiguous_loops_keep_copies_in_flight(pipeline_report):
     assert drains(pipeline_report, "built-in causal", "paged=False") == []
 
 
-@pytest.mark.xfail(strict=True, reason="the full-tile loop walks the block mask's list and drains each iteration; "
-                                       "attempt 19 (branch mask-full-ranges, GPU timing pending) walks it as a range")
 def test_block_mask_loops_keep_copies_in_flight(pipeline_report):
+    # Their full tiles walked as a range (FULL_RANGE); through the list, the loop drained.
     assert drains(pipeline_report, "mask_mod causal") == []
 
 
