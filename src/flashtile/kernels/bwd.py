@@ -11,7 +11,8 @@ Every output element has exactly one writer, so the backward is bitwise determin
 import triton
 import triton.language as tl
 
-from .common import LN2, LOG2E, _band_mask, _dropout_keep, _key_tiles, _load_bias, _query_tiles, _scores_log2
+from .common import (LN2, LOG2E, _band_mask, _dropout_keep, _key_tiles, _list_part, _load_bias, _query_tiles,
+                     _scores_log2)
 
 
 @triton.jit
@@ -238,17 +239,14 @@ def _bwd_dkdv_kernel(
             n_visited = tl.load(QCount + row)
             Idx = QIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_n * stride_im
             for part in tl.static_range(2):  # unrolled at compile time
-                if part == 1 and FULL_RANGE:  # consecutive full tiles walked as a range: see _fwd_kernel
-                    first = tl.load(Idx + n_partial, mask=n_partial < n_visited, other=0) * BLOCK_M
-                    lo, hi, sparse, step = first, first + (n_visited - n_partial) * BLOCK_M, False, BLOCK_M
-                else:
-                    lo, hi = n_partial * 0 if part == 0 else n_partial, n_partial if part == 0 else n_visited
-                    sparse, step = True, 1
+                lo, hi = _list_part(Idx, n_partial, n_visited, part, FULL_RANGE, BLOCK_M)
+                sparse = not (part == 1 and FULL_RANGE)  # full tiles as a query range: see _list_part
                 dk, dv = _bwd_dkdv_inner(
                     dk, dv, k, v, *args, lo, hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
                     alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, DescQ, DescDO,
                     BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-                    HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, sparse, step, MASK_MOD, SCORE_MOD, SCORE_GRAD, USE_TMA)
+                    HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, sparse, 1 if sparse else BLOCK_M, MASK_MOD, SCORE_MOD,
+                    SCORE_GRAD, USE_TMA)
         else:  # the band's Q tiles, unrolled at compile time: masked edge, unmasked middle, masked edge
             for part in tl.static_range(3):
                 dk, dv = _bwd_dkdv_inner(
@@ -425,17 +423,14 @@ def _bwd_dq_kernel(
         n_visited = tl.load(KvCount + row)
         Idx = KvIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_m * stride_im
         for part in tl.static_range(2):  # unrolled at compile time
-            if part == 1 and FULL_RANGE:  # consecutive full tiles walked as a range: see _fwd_kernel
-                first = tl.load(Idx + n_partial, mask=n_partial < n_visited, other=0) * BLOCK_N
-                lo, hi, sparse, step = first, first + (n_visited - n_partial) * BLOCK_N, False, BLOCK_N
-            else:
-                lo, hi = n_partial * 0 if part == 0 else n_partial, n_partial if part == 0 else n_visited
-                sparse, step = True, 1
+            lo, hi = _list_part(Idx, n_partial, n_visited, part, FULL_RANGE, BLOCK_N)
+            sparse = not (part == 1 and FULL_RANGE)  # full tiles as a key range: see _list_part
             dq = _bwd_dq_inner(
                 dq, q, do, lse2, delta, *args, lo, hi, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
                 alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, DescK, DescV, head_kv,
                 BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS,
-                HAS_DROPOUT, HAS_DBIAS, DOT_PRECISION, sparse, step, MASK_MOD, SCORE_MOD, SCORE_GRAD, USE_TMA)
+                HAS_DROPOUT, HAS_DBIAS, DOT_PRECISION, sparse, 1 if sparse else BLOCK_N, MASK_MOD, SCORE_MOD,
+                SCORE_GRAD, USE_TMA)
     else:  # the band's K/V tiles, unrolled at compile time: masked edge, unmasked middle, masked edge
         lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT)

@@ -8,7 +8,7 @@ in PyTorch). Only O and the LSE are written: nothing N×N ever reaches HBM.
 import triton
 import triton.language as tl
 
-from .common import LN2, LOG2E, _band_mask, _dropout_keep, _key_tiles, _load_bias, _scores_log2
+from .common import LN2, LOG2E, _band_mask, _dropout_keep, _key_tiles, _list_part, _load_bias, _scores_log2
 
 
 @triton.jit
@@ -186,16 +186,8 @@ def _fwd_kernel(
         n_visited = tl.load(KvCount + row)
         Idx = KvIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_m * stride_im
         for part in tl.static_range(2):  # unrolled at compile time
-            if part == 1 and FULL_RANGE:
-                # Every row's full tiles are consecutive (BlockMask.kv_full_range): walk them
-                # as a key range, as the built-in kernels do. Through the list, the next
-                # tile's address waits on its index, and Triton's pipeline then waits for
-                # every copy in flight each iteration (sm_90 SASS: DEPBAR 0 against 2).
-                first = tl.load(Idx + n_partial, mask=n_partial < n_visited, other=0) * BLOCK_N
-                lo, hi, sparse, step = first, first + (n_visited - n_partial) * BLOCK_N, False, BLOCK_N
-            else:
-                lo, hi = n_partial * 0 if part == 0 else n_partial, n_partial if part == 0 else n_visited
-                sparse, step = True, 1
+            lo, hi = _list_part(Idx, n_partial, n_visited, part, FULL_RANGE, BLOCK_N)
+            sparse = not (part == 1 and FULL_RANGE)  # full tiles as a key range: as the built-in kernels
             acc, l_i, m_i = _attn_fwd_inner(
                 acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
                 Bias_head, stride_bm, stride_bn, seed, bh, dropout_p, lo, hi,
@@ -203,7 +195,7 @@ def _fwd_kernel(
                 window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, DescK, DescV, head_kv, BLOCK_N,
                 HEAD_DIM, HEAD_DIM_PADDED,
                 part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, sparse,
-                step, MASK_MOD, SCORE_MOD, USE_TMA)
+                1 if sparse else BLOCK_N, MASK_MOD, SCORE_MOD, USE_TMA)
     else:
         lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT)
