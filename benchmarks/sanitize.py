@@ -8,7 +8,7 @@ import os
 import torch
 
 import flashtile
-from flashtile.kernels import configs
+from flashtile.kernels import configs, tma
 
 torch.manual_seed(0)
 for (b, sq, sk, hq, hkv, d, causal) in [(1, 17, 33, 4, 2, 40, True), (2, 113, 17, 2, 1, 80, False),
@@ -53,11 +53,15 @@ flashtile.attention(qm, qm, qm, block_mask=block_mask,
                     score_mod=flashtile.score_mods.softcap_score(20.0)).sum().backward()
 # Tiles through tensor descriptors (FLASHTILE_TMA=1, kernels/tma.py), odd lengths.
 os.environ["FLASHTILE_TMA"] = "1"
+descriptor_launches = []  # the launches that build descriptors: the path must be taken, not assumed
+make_descriptors = tma.tile_descriptors
+tma.tile_descriptors = lambda *args: descriptor_launches.append(args) or make_descriptors(*args)
 qt = torch.randn(2, 203, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 kt = torch.randn(2, 77, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 # Configs at 1 and 3 stages: Triton 3.6 keeps the pointer path at 2 (kernels/tma.py).
 with configs.override(forward=configs.KernelConfig(128, 64, 8, 3),
                       backward=(configs.KernelConfig(64, 64, 4, 1), configs.KernelConfig(64, 64, 4, 1))):
     flashtile.attention(qt, kt, kt, causal=True).sum().backward()
+assert len(descriptor_launches) == 3, "forward, dK/dV and dQ each take the descriptor path"
 torch.cuda.synchronize()
 print("sanitize: all kernels ran")

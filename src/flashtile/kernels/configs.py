@@ -148,6 +148,7 @@ def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool, device: to
         # A block mask's dK/dV tile larger than the table's: at d64 the mask's 64 x 128 with
         # the table's 4 warps ran the causal backward 3.6x the built-in's (spilled dK/dV
         # accumulators); 8 warps at 2 stages ran it 1.03x (H200, N = 16k; docs/performance.md).
+        # d256's mask tiles take this path too (32 x 64 at 4 warps in the table), untimed.
         dkdv = KernelConfig(dkdv.BLOCK_M, dkdv.BLOCK_N, 8, 2)
     return (_fit(dkdv, head_dim, elem, smem, streams_keys=False, bias_elem=bias_elem, dropout=dropout),
             _fit(dq, head_dim, elem, smem, bias_elem=bias_elem, dropout=dropout))
