@@ -336,7 +336,8 @@ def test_opcheck_attention_forward(name):
                        requires_grad=False)
     scale, left, right, softcap, alibi = spec["args"]
     slopes = random_slopes(heads_q) if alibi else None
-    args = (q, k, v, spec["layout"], scale, left, right, softcap, slopes, "reference", False, None, 0.0, None, None, None, 0, 0, None)
+    args = (q, k, v, spec["layout"], scale, left, right, softcap, slopes, "reference", False, None, 0.0, None, None,
+            None, 0, 0, None)
     result = torch.library.opcheck(torch.ops.flashtile.attention_forward.default, args)
     failed = {test: status for test, status in result.items() if status != "SUCCESS"}
     assert not failed, f"opcheck failed: {failed}"

@@ -178,7 +178,8 @@ ROWS = [
     Row("Options", "dropout_seed not an int", "attention(q, k, v, dropout_p=0.1, dropout_seed=1.5)", ValueError,
         "dropout_seed: expected an int in [0, 2**63) or None, got 1.5"),
     Row("Options", "dropout_seed without dropout", "attention(q, k, v, dropout_seed=-1)",
-        check="torch.equal(out, attention(q, k, v))", note="accepted: not checked, the seed is unused when dropout_p = 0"),
+        check="torch.equal(out, attention(q, k, v))",
+        note="accepted: not checked, the seed is unused when dropout_p = 0"),
     Row("Options", "causal not a bool", "attention(q, k, v, causal='no')",
         check="torch.equal(out, attention(q, k, v, causal=True))",
         note="accepted: not checked, any truthy value means causal"),
@@ -198,7 +199,8 @@ ROWS = [
     Row("Bias", "bias not broadcastable (seqlen_k 9)", "attention(q, k, v, bias=torch.randn(8, 9))", ValueError,
         "bias: expected a shape broadcastable to (batch, heads_q, seqlen_q, seqlen_k) = (2, 4, 8, 8), got (8, 9)"),
     Row("Bias", "bias with heads_kv heads", "attention(q, k, v, bias=torch.randn(2, 2, 8, 8))", ValueError,
-        "bias: expected a shape broadcastable to (batch, heads_q, seqlen_q, seqlen_k) = (2, 4, 8, 8), got (2, 2, 8, 8)"),
+        "bias: expected a shape broadcastable to (batch, heads_q, seqlen_q, seqlen_k) = (2, 4, 8, 8), "
+        "got (2, 2, 8, 8)"),
     Row("Bias", "bias of rank 5", "attention(q, k, v, bias=torch.randn(1, 2, 4, 8, 8))", ValueError,
         "bias: expected a shape broadcastable to (batch, heads_q, seqlen_q, seqlen_k)"),
     Row("Bias", "bias on another device", "attention(q, k, v, bias=torch.randn(8, 8, device='meta'))", ValueError,
@@ -280,7 +282,8 @@ ROWS = [
         "block_table=torch.tensor([[0, 1], [2, 4]], dtype=torch.int32))", ValueError,
         "block_table: expected page indices in [0, 4) (the cache's blocks)"),
     Row("KV cache", "block_table of dtype int64",
-        "flash_attn_with_kvcache(q[:, :1], k_pages, v_pages, cache_seqlens=3, block_table=torch.tensor([[0, 1], [2, 3]]))",
+        "flash_attn_with_kvcache(q[:, :1], k_pages, v_pages, cache_seqlens=3, "
+        "block_table=torch.tensor([[0, 1], [2, 3]]))",
         TypeError, "block_table: expected dtype torch.int32, got torch.int64"),
     Row("KV cache", "page size not a multiple of 16",
         "flash_attn_with_kvcache(q[:, :1], k_pages[:, :8], v_pages[:, :8], cache_seqlens=3, block_table=pages)",
@@ -431,7 +434,8 @@ def write() -> None:
 
 def _ids(rows):
     def slug(text):
-        for symbol, word in ((">=", " ge "), ("<=", " le "), ("!=", " ne "), ("<", " lt "), (">", " gt "), ("=", " eq ")):
+        for symbol, word in ((">=", " ge "), ("<=", " le "), ("!=", " ne "), ("<", " lt "), (">", " gt "),
+                             ("=", " eq ")):
             text = text.replace(symbol, word)
         return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
     return [slug(f"{r.section} {r.what}") for r in rows]

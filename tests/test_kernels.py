@@ -54,9 +54,9 @@ def check_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, headdim, dtype, *, 
 
     def reference(upcast):
         q_, k_, v_ = (t.detach().clone().requires_grad_() for t in (q, k, v))
-        o, l = flashtile.naive_attention(q_, k_, v_, upcast=upcast, return_lse=True, **options)
+        o, o_lse = flashtile.naive_attention(q_, k_, v_, upcast=upcast, return_lse=True, **options)
         g = torch.autograd.grad(o, (q_, k_, v_), dout.to(o.dtype))
-        return o, l, g
+        return o, o_lse, g
 
     ref_out, ref_lse, ref_grads = reference(upcast=True)
     pt_out, pt_lse, pt_grads = reference(upcast=False)

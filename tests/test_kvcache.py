@@ -133,9 +133,10 @@ def run_case(*, batch=3, seqlen_q=1, heads_q=4, heads_kv=2, headdim=32, capacity
             pts.append(torch.zeros(seqlen_q, heads_q, headdim, dtype=dtype, device=DEVICE))
             lses.append(torch.full((heads_q, seqlen_q), float("-inf"), dtype=torch.float64, device=DEVICE))
             continue
-        o, l = flashtile.naive_attention(q_ref[b:b + 1], keys, values, alibi_slopes=sl, return_lse=True, **options)
+        o, lse_b = flashtile.naive_attention(q_ref[b:b + 1], keys, values, alibi_slopes=sl, return_lse=True,
+                                             **options)
         refs.append(o[0])
-        lses.append(l[0])
+        lses.append(lse_b[0])
         pts.append(flashtile.naive_attention(q_ref[b:b + 1], keys, values, alibi_slopes=sl, upcast=False,
                                              **options)[0])
     assert_close_to_oracle("out", out, torch.stack(refs), torch.stack(pts))
@@ -193,7 +194,8 @@ def test_rotary_matches_plain_formula():
     x = torch.randn(2, 5, 3, 24)
     pos = torch.randint(0, 40, (2, 5))
     for interleaved in (True, False):
-        assert max_error(apply_rotary(x, cos, sin, pos, interleaved), plain_rotary(x, cos, sin, pos, interleaved)) < 1e-5
+        expected = plain_rotary(x, cos, sin, pos, interleaved)
+        assert max_error(apply_rotary(x, cos, sin, pos, interleaved), expected) < 1e-5
 
 
 @pytest.mark.parametrize("kwargs,error,match", [

@@ -53,8 +53,8 @@ def chunked_attention(bounds, layout, causal=False, window_size=(-1, -1), merge=
             lses.append(lse)
         if merge == "pairs":  # the ring-attention way: fold one state at a time
             out, lse = outs[0], lses[0]
-            for o, l in zip(outs[1:], lses[1:]):
-                out, lse = merge_attention_states_pair(out, lse, o, l, layout=layout)
+            for o, part_lse in zip(outs[1:], lses[1:]):
+                out, lse = merge_attention_states_pair(out, lse, o, part_lse, layout=layout)
             return out, lse
         return merge_attention_states(outs, lses, layout=layout)
 
@@ -252,9 +252,9 @@ def test_order_invariance_and_associativity():
     left, left_lse = merge_attention_states_pair(outs[0], lses[0], outs[1], lses[1])
     right, right_lse = merge_attention_states_pair(outs[2], lses[2], outs[3], lses[3])
     tree = merge_attention_states_pair(left, left_lse, right, right_lse)
-    for name, (o, l) in {"permuted": permuted, "tree of pairs": tree}.items():
+    for name, (o, got_lse) in {"permuted": permuted, "tree of pairs": tree}.items():
         assert max_error(o, out) <= 1e-6, name
-        assert max_error(l, lse) <= 1e-6, name
+        assert max_error(got_lse, lse) <= 1e-6, name
 
 
 def test_empty_part_gets_weight_exactly_zero():

@@ -109,7 +109,8 @@ def test_nan_query_row_gradients(backend):
 # to it never read it.
 
 
-@pytest.mark.parametrize("options", [{"causal": True}, {"window_size": (5, 3)}, {"causal": True, "window_size": (7, -1)}],
+@pytest.mark.parametrize("options",
+                         [{"causal": True}, {"window_size": (5, 3)}, {"causal": True, "window_size": (7, -1)}],
                          ids=["causal", "window", "causal-window"])
 def test_nan_key_row_reaches_exactly_the_rows_attending_it(backend, options, request):
     seqlen_q, seqlen_k, j = 40, 45, 25
@@ -167,7 +168,8 @@ def test_nonfinite_value_row_leaks_into_masked_rows_of_the_same_tile(backend):
     q, k, v = _inputs()
     v[0, 8, 0, 2] = NAN
     out, _, _ = _run(q, k, v, causal=True)
-    assert torch.isnan(out[0, 7]).any(), "if this now holds finite, the doc's limitation is fixed: update docs/errors.md"
+    assert torch.isnan(out[0, 7]).any(), \
+        "if this now holds finite, the doc's limitation is fixed: update docs/errors.md"
 
 
 def test_fully_masked_rows_stay_zero_next_to_a_nonfinite_value(backend, request):

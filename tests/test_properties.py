@@ -233,10 +233,10 @@ def check_case(case: Case, backend: str, device: str = "cpu") -> None:
     dout = _randn(gen, tuple(out.shape), 1.0, dtype, device)
     dlse = _randn(gen, lse_shape, 1.0, torch.float64, device) if case.lse_grad and lse is not None else None
 
-    def loss(o, l):
+    def loss(o, lse_out):
         value = (o * dout.to(o.dtype)).sum()
         if dlse is not None:
-            value = value + (_finite(l) * dlse.to(l.dtype)).sum()
+            value = value + (_finite(lse_out) * dlse.to(lse_out.dtype)).sum()
         return value
 
     grads = _unpack_grads(case, torch.autograd.grad(loss(out, lse), leaves))
@@ -257,16 +257,16 @@ def check_case(case: Case, backend: str, device: str = "cpu") -> None:
         if bias is not None and case.bias_grad:
             ref_bias = bias.detach().clone().requires_grad_()
             ref_leaves.append(ref_bias)
-        o, l = flashtile.naive_attention(
+        o, lse_out = flashtile.naive_attention(
             *ref_leaves[:3], causal=case.causal, window_size=case.window_size, softmax_scale=case.softmax_scale,
             softcap=case.softcap, alibi_slopes=slopes, bias=ref_bias, dropout_p=case.dropout_p,
             dropout_mask=mask, upcast=upcast, layout=layout, return_lse=True)
-        value = loss(o, l)
+        value = loss(o, lse_out)
         if lse_shift is not None:
-            value = value + (_finite(l) * lse_shift.to(l.dtype)).sum()
+            value = value + (_finite(lse_out) * lse_shift.to(lse_out.dtype)).sum()
         g = torch.autograd.grad(value, ref_leaves, allow_unused=True)
         g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, ref_leaves)]
-        return o, l, g
+        return o, lse_out, g
 
     truth_out, truth_lse, truth_grads = standard(True)
     base_out, base_lse, base_grads = standard(False)

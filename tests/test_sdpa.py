@@ -139,7 +139,8 @@ def test_errors_where_torch_raises():
 def test_use_flashtile_sdpa_routes_and_restores(monkeypatch):
     calls = []
     real = flashtile.sdpa.scaled_dot_product_attention
-    monkeypatch.setattr(flashtile.sdpa, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(flashtile.sdpa, "scaled_dot_product_attention",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
     original = F.scaled_dot_product_attention
     q = torch.randn(1, 2, 8, 16)
     with flashtile.use_flashtile_sdpa():

@@ -59,17 +59,18 @@ def check_varlen(lens_q, lens_k, heads_q, heads_kv, headdim, dtype=torch.float32
                                         device=device) + 0 * leaves[0][q0:q1].sum())
                 lses.append(torch.full((heads_q, q1 - q0), float("-inf"), device=device, dtype=torch.float64))
                 continue
-            o, l = flashtile.naive_attention(
+            o, seq_lse = flashtile.naive_attention(
                 leaves[0][None, q0:q1], leaves[1][None, k0:k1], leaves[2][None, k0:k1], upcast=upcast,
                 return_lse=True, alibi_slopes=slopes[b] if alibi else None, dropout_p=dropout_p,
                 dropout_mask=None if mask is None else mask[b:b + 1, :, :q1 - q0, :k1 - k0], **options)
             outs.append(o[0])
-            lses.append(l[0].double())
+            lses.append(seq_lse[0].double())
         o = torch.cat(outs + [torch.zeros(pad, heads_q, headdim, dtype=outs[0].dtype, device=device)])
-        l = torch.cat(lses + [torch.full((heads_q, pad), float("-inf"), device=device, dtype=torch.float64)], dim=1)
+        packed_lse = torch.cat(lses + [torch.full((heads_q, pad), float("-inf"), device=device, dtype=torch.float64)],
+                               dim=1)
         g = torch.autograd.grad(o, leaves, dout.to(o.dtype), allow_unused=True)
         g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, leaves)]
-        return o, l, g
+        return o, packed_lse, g
 
     ref_out, ref_lse, ref_grads = per_sequence(True)
     pt_out, pt_lse, pt_grads = per_sequence(False)

@@ -70,9 +70,9 @@ def _reference_decode(q, k_cache, v_cache, seqlens_k, batch_idx, leftpad, block_
             out[b], lse[b] = 0, float("-inf")
             continue
         slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
-        o, l = tiled_attention_forward(q[b:b + 1].transpose(1, 2), keys[None].transpose(1, 2),
-                                       values[None].transpose(1, 2), softmax_scale, band, softcap, slopes)
-        out[b], lse[b] = o[0].transpose(0, 1), l[0]
+        o, row_lse = tiled_attention_forward(q[b:b + 1].transpose(1, 2), keys[None].transpose(1, 2),
+                                             values[None].transpose(1, 2), softmax_scale, band, softcap, slopes)
+        out[b], lse[b] = o[0].transpose(0, 1), row_lse[0]
     return out, lse
 
 
