@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import re
+import subprocess
 import sys
+import tempfile
 import time
 
 import triton
@@ -164,19 +167,20 @@ def check_smem_estimates() -> int:
     return 1 if failures else 0
 
 
-def resource_usage(compiled) -> str:
-    """Registers per thread and stack (spill) bytes of a compiled kernel, from the cubin
-    (cuobjdump ships with Triton's NVIDIA backend), e.g. "regs=255 stack=1688"."""
-    import os
-    import re
-    import subprocess
-    import tempfile
-
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+def cuobjdump(compiled, flag: str, check: bool = True) -> str:
+    """cuobjdump's report on a compiled kernel's cubin (``flag``: "-res-usage", "-sass"; the
+    tool ships with Triton's NVIDIA backend); ``check``: raise when it fails."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
-        report = subprocess.run([cuobjdump, "-res-usage", cubin.name], capture_output=True, text=True).stdout
+        return subprocess.run([tool, flag, cubin.name], capture_output=True, text=True, check=check).stdout
+
+
+def resource_usage(compiled) -> str:
+    """Registers per thread and stack (spill) bytes of a compiled kernel, from the cubin,
+    e.g. "regs=255 stack=1688"."""
+    report = cuobjdump(compiled, "-res-usage", check=False)  # a failed report reads "?"
     regs, stack = re.search(r"REG:(\d+)", report), re.search(r"STACK:(\d+)", report)
     return f"regs={regs.group(1) if regs else '?'} stack={stack.group(1) if stack else '?'}"
 

@@ -14,14 +14,10 @@ with its waits, and marks those whose first wait is 0x0:
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
-import tempfile
 
-import triton
-from compile_check import PLAIN, compile_variant
+from compile_check import PLAIN, compile_variant, cuobjdump
 
 from flashtile.kernels.bwd import _bwd_dkdv_kernel, _bwd_dq_kernel
 from flashtile.kernels.decode import _decode_kernel
@@ -29,15 +25,6 @@ from flashtile.kernels.fwd import _fwd_kernel
 from flashtile.mask_mods import causal_mask
 
 SASS_LINE = re.compile(r"\s+/\*([0-9a-f]+)\*/\s+(.*)")
-
-
-def sass(compiled) -> str:
-    """The cubin's SASS (cuobjdump ships with Triton's NVIDIA backend)."""
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        return subprocess.run([cuobjdump, "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
 
 
 def copy_loops(text: str, min_length: int = 200) -> list[tuple[int, int, list[str]]]:
@@ -73,7 +60,7 @@ def variants():
 
 def main() -> int:
     for name, kernel, constexprs, warps, stages in variants():
-        for length, copies, waits in copy_loops(sass(compile_variant(kernel, constexprs, warps, stages))):
+        for length, copies, waits in copy_loops(cuobjdump(compile_variant(kernel, constexprs, warps, stages), "-sass")):
             drains = bool(waits) and waits[0] == "0x0"
             print(f"{name:24s} loop {length:5d} instructions {copies:4d} copies  waits {' '.join(waits) or '-'}"
                   f"{'  DRAINS' if drains else ''}", flush=True)

@@ -208,12 +208,12 @@ def attention_forward_triton(
     mask_ptrs, mask_strides, mask_fn = _block_mask_args(block_mask, "fwd", lse)
     score_buf, score_fn, _ = _score_mod_args(score_mod, lse)
 
-    use_tma = varlen is None and tma.requested() and tma.addressable(k) and tma.addressable(v)
+    use_tma = tma.wanted(varlen, k, v)
 
     def launch(cfg):
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
-        descriptors = use_tma and tma.compiles(cfg.num_stages)
-        desc_k, desc_v = tma.tile_descriptors((k, v), cfg.BLOCK_N, head_dim_padded) if descriptors else (k, v)
+        descriptors, (desc_k, desc_v) = tma.launch_tiles(use_tma, (k, v), cfg.BLOCK_N, head_dim_padded,
+                                                         cfg.num_stages)
         _fwd_kernel[(num_m_blocks * batch * heads_q,)](
             q, k, v, out, lse, alibi, bias_ptr, cu_q, cu_k, *mask_ptrs, score_buf, desc_k, desc_v,
             *_batch_stride(q, varlen), *_batch_stride(k, varlen), *_batch_stride(v, varlen),
@@ -322,13 +322,12 @@ def attention_backward_triton(
         IS_VARLEN=varlen is not None,
     )
 
-    use_tma = varlen is None and tma.requested() and all(tma.addressable(t) for t in (q, k, v, dout))
+    use_tma = tma.wanted(varlen, q, k, v, dout)
 
     def launch_dkdv(cfg):
         num_n_blocks = triton.cdiv(seqlen_k, cfg.BLOCK_N)
-        descriptors = use_tma and tma.compiles(cfg.num_stages)
-        desc_q, desc_do = (tma.tile_descriptors((q, dout), cfg.BLOCK_M, head_dim_padded) if descriptors
-                           else (q, dout))
+        descriptors, (desc_q, desc_do) = tma.launch_tiles(use_tma, (q, dout), cfg.BLOCK_M, head_dim_padded,
+                                                          cfg.num_stages)
         _bwd_dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
             q, k, v, dout, lse, delta, dk, dv, alibi, bias_ptr, cu_q, cu_k, *q_lists, score_buf, desc_q, desc_do,
             *strides, *_batch_stride(dk, varlen), *_batch_stride(dv, varlen), stride_ab, stride_ah,
@@ -341,8 +340,8 @@ def attention_backward_triton(
 
     def launch_dq(cfg):
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
-        descriptors = use_tma and tma.compiles(cfg.num_stages)
-        desc_k, desc_v = tma.tile_descriptors((k, v), cfg.BLOCK_N, head_dim_padded) if descriptors else (k, v)
+        descriptors, (desc_k, desc_v) = tma.launch_tiles(use_tma, (k, v), cfg.BLOCK_N, head_dim_padded,
+                                                         cfg.num_stages)
         _bwd_dq_kernel[(num_m_blocks * batch * heads_q,)](
             q, k, v, dout, lse, delta, dq, alibi, bias_ptr, dbias_full, cu_q, cu_k, *kv_lists, score_buf,
             desc_k, desc_v,

@@ -47,6 +47,21 @@ def addressable(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9
 
 
+def wanted(varlen, *tensors: torch.Tensor) -> bool:
+    """Whether a call's launches should stream ``tensors`` through descriptors: asked for,
+    a dense batch (``varlen`` None), and every one of them addressable."""
+    return varlen is None and requested() and all(addressable(t) for t in tensors)
+
+
+def launch_tiles(use: bool, tensors, rows: int, head_dim_padded: int, num_stages: int) -> tuple[bool, tuple]:
+    """(whether this launch takes the descriptor path, what it passes for ``tensors``):
+    their descriptors when ``use`` and this Triton builds the path at ``num_stages``, else
+    the tensors themselves (the pointer path)."""
+    if use and compiles(num_stages):
+        return True, tile_descriptors(tensors, rows, head_dim_padded)
+    return False, tuple(tensors)
+
+
 def tile_descriptors(tensors, rows: int, head_dim_padded: int) -> tuple:
     """A descriptor of each (B, H, S, D) tensor whose tile is (1, 1, rows, head_dim_padded)."""
     box = [1, 1, rows, head_dim_padded]
