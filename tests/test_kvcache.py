@@ -154,6 +154,10 @@ CASES = {
     "rotary-halves-noncausal": dict(rotary=(32, False)),
     "window-softcap-alibi-mqa": dict(heads_kv=1, window_size=(20, 0), softcap=5.0, alibi=True),
     "splits-3": dict(num_splits=3, causal=True, paged=True),
+    # Pages of several key tiles (48 = 3 x 16 under the interpreter) with splits and a left
+    # window edge that start mid-page: the kernel walks a page's tiles in an inner loop.
+    "pages-of-three-tiles-window-splits": dict(paged=True, page_size=48, capacity=96, num_splits=3, causal=True,
+                                               window_size=(37, 0)),
     # Index tensors as strided views: the kernel reads entry b at index + b (it read the
     # wrong entries before the API made them contiguous).
     "strided-index-paged-leftpad": dict(paged=True, leftpad=True, causal=True, strided_index=True, num_splits=2),

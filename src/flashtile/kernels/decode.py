@@ -16,6 +16,39 @@ from .common import LN2, _scores_log2
 
 
 @triton.jit
+def _decode_tile(q, K, V, kv_row, kv_row_v, start_n, offs_n, offs_d, d_ok, lo, hi, head_kv,
+                 stride_kh, stride_kd, stride_vh, stride_vd, token, row_ok, seqlen_q, seqlen_k, qk_scale, softcap,
+                 alibi_slope, offset, window_left, window_right, m_i, l_i, acc,
+                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """One K/V tile of keys [start_n, start_n + BLOCK_N) at rows ``kv_row`` (K) and
+    ``kv_row_v`` (V) of the cache: the online-softmax step of _attn_fwd_inner's masked
+    variant. Returns the updated (m_i, l_i, acc)."""
+    cols = start_n + offs_n
+    col_ok = (cols >= lo) & (cols < hi)
+    kT = tl.load(K + kv_row[None, :] + head_kv * stride_kh + offs_d[:, None] * stride_kd,
+                 mask=d_ok[:, None] & col_ok[None, :], other=0.0)
+    qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
+    s2, _ = _scores_log2(qk, token[:, None], cols[None, :], seqlen_q, seqlen_k, qk_scale, softcap,
+                         alibi_slope[:, None], HAS_SOFTCAP, HAS_ALIBI)
+    visible = col_ok[None, :] & row_ok[:, None]
+    if HAS_RIGHT:
+        visible = visible & (cols[None, :] <= token[:, None] + offset + window_right)
+    if HAS_LEFT:
+        visible = visible & (cols[None, :] >= token[:, None] + offset - window_left)
+    s2 = tl.where(visible, s2, float("-inf"))
+    m_ij = tl.maximum(m_i, tl.max(s2, 1))
+    m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+    p = tl.exp2(s2 - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(V + kv_row_v[:, None] + head_kv * stride_vh + offs_d[None, :] * stride_vd,
+                mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return m_ij, l_i, acc
+
+
+@triton.jit
 def _decode_kernel(
     Q, K, V, OutPartial, LsePartial, CacheSeqlens, CacheBatchIdx, LeftPad, BlockTable, Alibi,
     stride_qb, stride_qm, stride_qh, stride_qd,
@@ -75,37 +108,30 @@ def _decode_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
-    for start_n in range(tile_lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        if PAGED:  # a tile lies inside one page: one block-table lookup per tile
-            page = tl.load(BlockTable + batch.to(tl.int64) * stride_bt + start_n // page_size)
-            kv_row = page.to(tl.int64) * stride_kb + (start_n % page_size + offs_n) * stride_kn
-            kv_row_v = page.to(tl.int64) * stride_vb + (start_n % page_size + offs_n) * stride_vn
-        else:
+    if PAGED:
+        # One block-table lookup per page, outside the tile loop. Looked up per tile, each
+        # tile's address waited on it, and Triton's pipeline then drained every iteration
+        # (sm_90 SASS: DEPBAR 0 against the contiguous loop's 2); now it drains once a page.
+        for page_lo in range(tile_lo // page_size * page_size, hi, page_size):
+            page = tl.load(BlockTable + batch.to(tl.int64) * stride_bt + page_lo // page_size)
+            for start_n in range(tl.maximum(page_lo, tile_lo), tl.minimum(page_lo + page_size, hi), BLOCK_N):
+                kv_row = page.to(tl.int64) * stride_kb + (start_n - page_lo + offs_n) * stride_kn
+                kv_row_v = page.to(tl.int64) * stride_vb + (start_n - page_lo + offs_n) * stride_vn
+                m_i, l_i, acc = _decode_tile(q, K, V, kv_row, kv_row_v, start_n, offs_n, offs_d, d_ok, lo, hi, head_kv,
+                                             stride_kh, stride_kd, stride_vh, stride_vd, token, row_ok, seqlen_q,
+                                             seqlen_k, qk_scale, softcap, alibi_slope, offset, window_left,
+                                             window_right, m_i, l_i, acc, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                                             DOT_PRECISION)
+    else:
+        for start_n in range(tile_lo, hi, BLOCK_N):
+            cols = start_n + offs_n
             kv_row = cache_b.to(tl.int64) * stride_kb + cols.to(tl.int64) * stride_kn
             kv_row_v = cache_b.to(tl.int64) * stride_vb + cols.to(tl.int64) * stride_vn
-        col_ok = (cols >= lo) & (cols < hi)
-        kT = tl.load(K + kv_row[None, :] + head_kv * stride_kh + offs_d[:, None] * stride_kd,
-                     mask=d_ok[:, None] & col_ok[None, :], other=0.0)
-        qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
-        s2, _ = _scores_log2(qk, token[:, None], cols[None, :], seqlen_q, seqlen_k, qk_scale, softcap,
-                             alibi_slope[:, None], HAS_SOFTCAP, HAS_ALIBI)
-        visible = col_ok[None, :] & row_ok[:, None]
-        if HAS_RIGHT:
-            visible = visible & (cols[None, :] <= token[:, None] + offset + window_right)
-        if HAS_LEFT:
-            visible = visible & (cols[None, :] >= token[:, None] + offset - window_left)
-        s2 = tl.where(visible, s2, float("-inf"))
-        # -- online softmax, as in _attn_fwd_inner (masked variant)
-        m_ij = tl.maximum(m_i, tl.max(s2, 1))
-        m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
-        p = tl.exp2(s2 - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + kv_row_v[:, None] + head_kv * stride_vh + offs_d[None, :] * stride_vd,
-                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_ij
+            m_i, l_i, acc = _decode_tile(q, K, V, kv_row, kv_row_v, start_n, offs_n, offs_d, d_ok, lo, hi, head_kv,
+                                         stride_kh, stride_kd, stride_vh, stride_vd, token, row_ok, seqlen_q,
+                                         seqlen_k, qk_scale, softcap, alibi_slope, offset, window_left,
+                                         window_right, m_i, l_i, acc, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                                         DOT_PRECISION)
 
     empty = l_i == 0.0  # no visible key; a NaN l (NaN inputs) propagates instead
     l_safe = tl.where(empty, 1.0, l_i)

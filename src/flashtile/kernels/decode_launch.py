@@ -25,8 +25,9 @@ def _num_sms(device_index: int) -> int:
 PROGRAMS_PER_SM = 2
 # A paged cache wants more programs: at batch 32 (256 programs) two splits read 3.77 / 4.28
 # TB/s (8k / 32k caches) against one split's 3.36 / 3.71, while the contiguous cache lost
-# (3.45 / 3.53 against 3.99 / 4.35; H200, one run, docs/performance.md session 6). Each tile's
-# addresses wait on its page index, so more programs in flight hide that latency.
+# (3.45 / 3.53 against 3.99 / 4.35; H200, one run, docs/performance.md session 6). Measured
+# when the paged loop looked up the block table per tile and drained its pipeline each
+# iteration; it now looks up once a page (attempt 20): to be measured again.
 PAGED_PROGRAMS_PER_SM = 4
 
 
