@@ -50,13 +50,13 @@ def main():
     p.add_argument("--heads", type=int, nargs="+", default=[32, 64])
     p.add_argument("--no-flex", action="store_true")
     p.add_argument("--programs-per-sm", type=int, default=None,
-                   help="override the split-KV rule's target, paged and contiguous (kernels/decode_launch.py)")
+                   help="one split-KV target for every grid size, instead of the rule's two (kernels/decode_launch.py)")
     p.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (meaningless numbers)")
     args = p.parse_args()
     if args.programs_per_sm is not None:
         from flashtile.kernels import decode_launch
 
-        decode_launch.PROGRAMS_PER_SM = decode_launch.PAGED_PROGRAMS_PER_SM = args.programs_per_sm
+        decode_launch.PROGRAMS_PER_SM = decode_launch.LARGE_GRID_PROGRAMS_PER_SM = args.programs_per_sm
         print(f"split-KV target: {args.programs_per_sm} programs per SM")
     ceiling = copy_bandwidth(args.device)
     print(f"copy ceiling: {ceiling:.2f} TB/s (read + write)")

@@ -264,17 +264,17 @@ def test_combine_kernel_follows_the_merge_rules(splits, headdim):
     assert max_error(lse[~want_lse.isnan()], want_lse[~want_lse.isnan()]) < 1e-5
 
 
-def test_a_paged_cache_gets_more_splits(monkeypatch):
-    # The split rule on an H200's 132 SMs (stubbed: runs anywhere). Batch 32 with 8 KV heads
-    # is 256 programs: one split for a contiguous cache, two for a paged one (whose reads ran
-    # 12-15% faster at two splits on the H200); batch 128 fills the GPU with one split either way,
-    # and batch 1 is held at one split per 256 keys.
+def test_split_rule_on_an_h200(monkeypatch):
+    # The split rule on an H200's 132 SMs (stubbed: runs anywhere), 8 KV heads, 8k keys. Batch
+    # 32 is 256 programs, under 2 per SM: one split (two read 17% slower on the H200). Batch 64
+    # (512 programs) splits in two, to 1024, where batch 128 already is with one. Batch 4 gets
+    # 8 splits; batch 1 is held at one split per 256 keys.
     pytest.importorskip("triton")
     from flashtile.kernels import decode_launch
 
     monkeypatch.setattr(decode_launch, "interpreting", lambda: False)
     monkeypatch.setattr(decode_launch, "_num_sms", lambda index: 132)
     cuda = torch.device("cuda", 0)
-    splits = {(batch, paged): decode_launch.choose_num_splits(batch, 8, 1, 8192, cuda, paged=paged)
-              for batch in (1, 32, 128) for paged in (False, True)}
-    assert splits == {(1, False): 32, (1, True): 32, (32, False): 1, (32, True): 2, (128, False): 1, (128, True): 1}
+    splits = {batch: decode_launch.choose_num_splits(batch, 8, 1, 8192, cuda) for batch in (1, 4, 32, 64, 128)}
+    assert splits == {1: 32, 4: 8, 32: 1, 64: 2, 128: 1}
+

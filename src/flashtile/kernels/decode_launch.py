@@ -18,23 +18,22 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# Programs per SM the split aims for. Measured on the H200 (132 SMs, docs/performance.md,
-# attempt 5): at batch 32 with 8 KV heads (256 programs), 2 (one split) read K/V at
-# 2.84-4.30 TB/s contiguous, while 8 (four splits) read 0.82-3.83 TB/s in every such cell;
-# batch 128 (1024 programs, one split either way) reads at the copy ceiling with both.
+# Programs per SM the split aims for, in two regimes (H200, 132 SMs; docs/performance.md):
+# - A grid that fits PROGRAMS_PER_SM per SM is split until it fills that: at batch 32 with 8
+#   KV heads (256 programs) one split reads K/V at 3.92-4.43 TB/s, two splits (512 programs)
+#   at 3.25-3.67, four (attempt 5) at 0.82-3.83. Batches 1-16 split to reach it.
+# - A grid larger than that is split to LARGE_GRID_PROGRAMS_PER_SM: 512 programs (batch 64)
+#   read at 87-90% of the copy ceiling with one split, 94-99.5% with two (session 7); 1024
+#   (batch 128) reach ~99% with one split, which the rule keeps.
+# A paged cache follows the same rule since its loop looks up the block table once a page
+# (attempt 20; attempt 18 had given it 4 programs per SM while it drained per tile).
 PROGRAMS_PER_SM = 2
-# A paged cache wants more programs: at batch 32 (256 programs) two splits read 3.77 / 4.28
-# TB/s (8k / 32k caches) against one split's 3.36 / 3.71, while the contiguous cache lost
-# (3.45 / 3.53 against 3.99 / 4.35; H200, one run, docs/performance.md session 6). Measured
-# when the paged loop looked up the block table per tile and drained its pipeline each
-# iteration; it now looks up once a page (attempt 20): to be measured again.
-PAGED_PROGRAMS_PER_SM = 4
+LARGE_GRID_PROGRAMS_PER_SM = 8
 
 
-def choose_num_splits(batch: int, heads_kv: int, m_blocks: int, max_keys: int, device: torch.device,
-                      paged: bool = False) -> int:
-    """Enough programs for PROGRAMS_PER_SM per SM (PAGED_PROGRAMS_PER_SM with a block
-    table), each split keeping at least 256 keys.
+def choose_num_splits(batch: int, heads_kv: int, m_blocks: int, max_keys: int, device: torch.device) -> int:
+    """Splits of the keys for a decode grid of ``batch * heads_kv * m_blocks`` programs (see
+    PROGRAMS_PER_SM), each split keeping at least 256 keys.
 
     Decided from shapes alone (the cache's capacity, not the device-side lengths), so
     choosing never waits on the GPU.
@@ -42,9 +41,9 @@ def choose_num_splits(batch: int, heads_kv: int, m_blocks: int, max_keys: int, d
     if device.type != "cuda" or interpreting():
         return 1
     sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    programs = batch * heads_kv * m_blocks
-    target = PAGED_PROGRAMS_PER_SM if paged else PROGRAMS_PER_SM
-    return max(1, min(target * sms // max(programs, 1), triton.cdiv(max_keys, 256), 64))
+    programs = max(batch * heads_kv * m_blocks, 1)
+    target = PROGRAMS_PER_SM if programs <= PROGRAMS_PER_SM * sms else LARGE_GRID_PROGRAMS_PER_SM
+    return max(1, min(target * sms // programs, triton.cdiv(max_keys, 256), 64))
 
 
 def _key_block(page_size: int | None) -> int:
@@ -93,7 +92,7 @@ def decode_attention_triton(
     block_m = max(16, min(64, triton.next_power_of_2(rows)))
     m_blocks = triton.cdiv(rows, block_m)
     if num_splits <= 0:
-        num_splits = choose_num_splits(batch, heads_kv, m_blocks, max_keys, q.device, paged=block_table is not None)
+        num_splits = choose_num_splits(batch, heads_kv, m_blocks, max_keys, q.device)
     block_n = _key_block(page_size)
     out = torch.empty(num_splits, batch, seqlen_q, heads_q, head_dim,
                       dtype=q.dtype if num_splits == 1 else torch.float32, device=q.device)
