@@ -278,3 +278,51 @@ def test_split_rule_on_an_h200(monkeypatch):
     splits = {batch: decode_launch.choose_num_splits(batch, 8, 1, 8192, cuda) for batch in (1, 4, 32, 64, 128)}
     assert splits == {1: 32, 4: 8, 32: 1, 64: 2, 128: 1}
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_gpu_decode_step_replays_from_a_cuda_graph(paged, monkeypatch):
+    # docs/api.md's recipe for host-bound small-batch decoding: one step (append the new
+    # token's k/v at cache_seqlens, attend) captured once and replayed with new inputs
+    # written in place and the lengths advanced on the device. Each replay must give what
+    # the eager step gives on a twin of the cache, bit for bit (same kernels, same splits),
+    # and leave the same cache behind.
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    batch, heads_q, heads_kv, headdim, capacity, page = 2, 32, 8, 128, 1024, 256
+    dev, dtype = "cuda", torch.bfloat16
+    if paged:
+        pages = batch * capacity // page
+        k_cache, v_cache = (torch.randn(pages, page, heads_kv, headdim, device=dev, dtype=dtype) for _ in range(2))
+        block_table = torch.randperm(pages, device=dev, dtype=torch.int32).view(batch, capacity // page)
+    else:
+        k_cache, v_cache = (torch.randn(batch, capacity, heads_kv, headdim, device=dev, dtype=dtype)
+                            for _ in range(2))
+        block_table = None
+    step_q = torch.randn(batch, 1, heads_q, headdim, device=dev, dtype=dtype)
+    step_k, step_v = (torch.randn(batch, 1, heads_kv, headdim, device=dev, dtype=dtype) for _ in range(2))
+    lens = torch.tensor([300, 517], device=dev, dtype=torch.int32)
+
+    def step(q, k_cache, v_cache, k, v, lens):
+        return flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens,
+                                                 block_table=block_table, causal=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(step_q, k_cache, v_cache, step_k, step_v, lens)  # warm-up: compiles, appends at lens
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(step_q, k_cache, v_cache, step_k, step_v, lens)
+    k_twin, v_twin, lens_twin = k_cache.clone(), v_cache.clone(), lens.clone()
+    for _ in range(3):
+        for buffer in (step_q, step_k, step_v):
+            buffer.copy_(torch.randn_like(buffer))
+        graph.replay()
+        want = step(step_q, k_twin, v_twin, step_k, step_v, lens_twin)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+        assert torch.equal(k_cache, k_twin) and torch.equal(v_cache, v_twin)
+        lens += 1
+        lens_twin += 1
