@@ -10,9 +10,9 @@
 #                                        # OLD_SRC (a src/ tree, as for extra) adds kernel times and masks of it;
 #                                        # TMA_AB=1 adds the grid with FLASHTILE_TMA=1
 #   bash benchmarks/gpu_final.sh checks  # compute-sanitizer, and the Hypothesis GPU property test on GPU 1
-#   bash benchmarks/gpu_final.sh loops   # the pipeline-drain attempts (19: block masks, 20: paged decoding)
-#                                        # against OLD_SRC in one call: masks (Flex included), the schedule
-#                                        # sweep, decode at 2 and 4 programs per SM; ~5 files, ~300 s
+#   bash benchmarks/gpu_final.sh loops   # block-mask loops (attempt 22: runs of full tiles): masks.py (Flex
+#                                        # included), mask_tiles.py ranges (as built / run loop / tile by
+#                                        # tile), and masks.py of OLD_SRC when given; ~4 files, ~250 s
 # At most 8 files come back from a device call: each mode writes few (times.txt included).
 # Logs under $OUT; a short summary is printed last.
 set -uo pipefail
@@ -86,23 +86,16 @@ case ${1:-tests} in
     cat "$OUT/variants.log"
     cat "$OUT/masks.log" "$OUT/times.txt" ;;
   loops)
-    # Attempts 19 and 20 change the loops of the block-mask and paged-decode kernels only: their
-    # timings beside OLD_SRC's (main before them), and the split rule of attempt 18 re-decided.
+    # Attempt 22 changes the block-mask kernels' full-tile loops only: the masks against the
+    # built-in and Flex, the three ways of walking full tiles, and OLD_SRC's masks beside them.
     step env timeout 150 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
-    step env timeout 120 python3 benchmarks/mask_tiles.py schedule --seqlens 16384 > "$OUT/mask-tiles.log" 2>&1
-    for ppsm in 2 4; do
-      step env timeout 60 python3 benchmarks/decode.py --no-flex --batches 4 32 --heads 32 64 --programs-per-sm $ppsm \
-        >> "$OUT/decode.log" 2>&1
-    done
+    step env timeout 200 python3 benchmarks/mask_tiles.py ranges --headdims 128 --seqlens 16384 \
+      > "$OUT/mask-tiles.log" 2>&1
     if [[ -n "${OLD_SRC:-}" ]]; then
-      echo "== OLD_SRC=$OLD_SRC" | tee -a "$OUT/masks.log" >> "$OUT/decode.log"
+      echo "== OLD_SRC=$OLD_SRC" >> "$OUT/masks.log"
       step env PYTHONPATH="$OLD_SRC" timeout 100 python3 benchmarks/masks.py --no-flex >> "$OUT/masks.log" 2>&1
-      for ppsm in 2 4; do
-        step env PYTHONPATH="$OLD_SRC" timeout 60 python3 benchmarks/decode.py --no-flex --batches 4 32 --heads 32 64 \
-          --programs-per-sm $ppsm >> "$OUT/decode.log" 2>&1
-      done
     fi
-    cat "$OUT/masks.log" "$OUT/mask-tiles.log"; grep -v "Warn\|fn = " "$OUT/decode.log"; cat "$OUT/times.txt" ;;
+    cat "$OUT/masks.log" "$OUT/mask-tiles.log" "$OUT/times.txt" ;;
   checks)
     # The property test runs meanwhile, on the second GPU where there is one, its six shards
     # on six workers (compile-bound: most problems bring new kernels).

@@ -2,7 +2,7 @@
 
     python benchmarks/mask_tiles.py schedule   # longest-first programs (BlockMask.*_order) vs identity
     python benchmarks/mask_tiles.py configs    # backward warps/stages forced over the table's
-    python benchmarks/mask_tiles.py ranges     # full tiles walked as ranges (attempt 19) vs lists
+    python benchmarks/mask_tiles.py ranges     # full tiles as one range, run by run, tile by tile
 
 ``schedule``: each block mask is timed twice, as built (programs with the longest tile lists
 first) and with its ``kv_order``/``dq_order``/``q_order`` replaced by the identity, at
@@ -10,9 +10,11 @@ forward tiles 128 x 64 and 128 x 128 and backward key widths 64 and 128.
 ``configs``: the table's configs, then (dK/dV, dQ) warps and stages forced through
 ``configs.override`` (the mask's tile sizes still rule). Both print fwd / bwd ms and their
 ratio to the built-in causal (16 heads, batch 1, bf16).
-``ranges``: causal and causal document masks (``--docs``), each block mask timed as built
-(``*_full_range`` set: its consecutive full tiles walked as one range) and with every
-``*_full_range`` forced False (walked through the lists, as before attempt 19).
+``ranges``: causal and causal document masks (``--docs``), and sink tokens beside a causal
+window, each block mask timed three ways: as built (one run of full tiles per row: walked
+as one range, ``*_full_range``; the sink mask has two runs), through the loop over runs
+(``*_full_range`` forced False: the cost of nesting the range loop), and tile by tile (every
+run cut to one tile: the pipeline drains each tile, as the list walk before attempt 19).
 """
 
 from __future__ import annotations
@@ -36,9 +38,20 @@ def identity_order(bm):
     return dataclasses.replace(bm, kv_order=ident(bm.kv_order), dq_order=ident(bm.dq_order), q_order=ident(bm.q_order))
 
 
-def as_lists(bm):
-    """The block mask with its full tiles walked through the lists in every pass."""
+def through_runs(bm):
+    """The block mask with its full tiles walked through the loop over runs in every pass."""
     return dataclasses.replace(bm, kv_full_range=False, dq_full_range=False, q_full_range=False)
+
+
+def tile_by_tile(bm):
+    """The same with every run one tile long: the pipeline drains at each full tile."""
+    return dataclasses.replace(through_runs(bm), **{f"{p}_runs": (getattr(bm, f"{p}_runs") > 0).to(torch.int32)
+                                                    for p in ("kv", "dq", "q")})
+
+
+def sink_and_window(b, h, q_idx, kv_idx):
+    # Attention sinks (the first 128 keys) beside a causal window of 2048: two runs per row.
+    return (kv_idx <= q_idx) & ((kv_idx < 128) | (q_idx - kv_idx < 2048))
 
 
 def forced(warps_dkdv, stages_dkdv, warps_dq, stages_dq):
@@ -75,6 +88,7 @@ def main():
                 for docs in args.docs:
                     ids = torch.arange(n, device=args.device, dtype=torch.int32) // max(n // docs, 1)
                     masks.append((f"{docs} docs", and_masks(causal, document_mask(ids))))
+                masks.append(("sink+window", sink_and_window))
             runs = []  # (label, mask, block mask, forced backward configs or None)
             cases = {"schedule": SCHEDULE_CASES, "configs": CONFIG_CASES, "ranges": RANGES_CASES}[args.sweep]
             for name, mask in masks:
@@ -86,8 +100,9 @@ def main():
                         runs += [(f"{tiles} longest-first", mask, bm, None),
                                  (f"{tiles} identity", mask, identity_order(bm), None)]
                     elif args.sweep == "ranges":
-                        runs += [(f"{name} {tiles} ranges", mask, bm, None),
-                                 (f"{name} {tiles} lists", mask, as_lists(bm), None)]
+                        runs += [(f"{name} {tiles} as built", mask, bm, None),
+                                 (f"{name} {tiles} run loop", mask, through_runs(bm), None),
+                                 (f"{name} {tiles} tile by tile", mask, tile_by_tile(bm), None)]
                     else:
                         dkdv, dq = over[0] or (None, None)
                         label = "table" if dkdv is None else (f"dkdv w{dkdv.num_warps}s{dkdv.num_stages} "

@@ -61,8 +61,19 @@ def every_other_16_queries(b, h, q_idx, kv_idx):
     return ((q_idx // 16) % 2 == 0) | (q_idx == kv_idx)
 
 
+def sink_16_and_window_56(b, h, q_idx, kv_idx):
+    # Sink tokens beside a causal window (StreamingLLM): two runs of full tiles per row.
+    return (kv_idx <= q_idx) & ((kv_idx < 16) | (q_idx - kv_idx < 56))
+
+
+def sink_64_and_window_300(b, h, q_idx, kv_idx):
+    # The same at the GPU's default block-mask tiles (128 x 64).
+    return (kv_idx <= q_idx) & ((kv_idx < 64) | (q_idx - kv_idx < 300))
+
+
 MASKS = {
     "causal": lambda: causal_mask(),
+    "sink-and-window": lambda: sink_64_and_window_300 if DEVICE == "cuda" else sink_16_and_window_56,
     "every-other-key-tile": lambda: every_other_64_keys if DEVICE == "cuda" else every_other_16_keys,
     "causal-window-5": lambda: and_masks(causal_mask(), sliding_window_mask(5)),
     "prefix-lm-9": lambda: prefix_lm_mask(9),
@@ -279,31 +290,57 @@ def test_gpu_mask_mod(name, monkeypatch):
     check_mask(MASKS[name](), seqlen_q=1000, seqlen_k=1000, heads_q=8, heads_kv=2, headdim=64)
 
 
-def test_full_tiles_walk_as_a_range_only_when_consecutive(backend):
-    # Every row's full tiles consecutive (causal, document, window): the kernels walk them
-    # as a key range (BlockMask.*_full_range), not through the list. Every other key tile
-    # full: through the list.
-    causal = flashtile.create_block_mask(causal_mask(), 2, 4, 45, 70, DEVICE, 16, 16)
+def full_runs(bm, prefix: str) -> list[list[list[int]]]:
+    """Per row of batch 0, head 0: the full tiles as runs [first, last], as the kernels walk them."""
+    idx, partial, count, runs = (getattr(bm, f"{prefix}_{part}")[0, 0].tolist()
+                                 for part in ("indices", "partial", "count", "runs"))
+    rows = []
+    for row_idx, lo, hi, row_runs in zip(idx, partial, count, runs):
+        found, pos = [], lo
+        while pos < hi:
+            found.append([row_idx[pos], row_idx[pos] + row_runs[pos] - 1])
+            pos += row_runs[pos]
+        rows.append(found)
+    return rows
+
+
+def test_full_tiles_are_walked_in_runs(backend):
+    # A row's full tiles, in runs of consecutive tile numbers (BlockMask.*_runs): one per row
+    # for causal; one per full tile where every other key tile is full; two (the sink's tile
+    # and the window's band) for sink tokens beside a window.
+    causal = flashtile.create_block_mask(causal_mask(), 1, 1, 64, 64, DEVICE, 16, 16)
+    assert full_runs(causal, "kv") == [[], [[0, 0]], [[0, 1]], [[0, 2]]]
+    assert full_runs(causal, "q") == [[[1, 3]], [[2, 3]], [[3, 3]], []]
+    strided = flashtile.create_block_mask(every_other_16_keys, 1, 1, 64, 80, DEVICE, 16, 16)
+    assert full_runs(strided, "kv")[3] == [[0, 0], [2, 2], [4, 4]]
+    sink = flashtile.create_block_mask(sink_16_and_window_56, 1, 1, 96, 96, DEVICE, 16, 16)
+    assert full_runs(sink, "kv")[5] == [[0, 0], [3, 4]]
+    # One run per row (*_full_range) is walked without the loop over runs; the sink mask's
+    # dK/dV lists have one, its forward and dQ lists two.
     assert (causal.kv_full_range, causal.dq_full_range, causal.q_full_range) == (True, True, True)
-    strided = flashtile.create_block_mask(every_other_16_keys, 2, 4, 45, 70, DEVICE, 16, 16)
-    assert (strided.kv_full_range, strided.dq_full_range) == (False, False)
-    assert bool((strided.kv_count - strided.kv_partial > 1).any()), "rows with several full tiles"
-    by_queries = flashtile.create_block_mask(every_other_16_queries, 2, 4, 80, 70, DEVICE, 16, 16)
-    assert by_queries.q_full_range is False
+    assert (sink.kv_full_range, sink.dq_full_range, sink.q_full_range) == (False, False, True)
     if backend != "triton":
         return
-    # Each flag reaches its kernel: claimed wrongly, that kernel's result is wrong.
-    for mask, bm, flag, result in ((every_other_16_keys, strided, "kv_full_range", "out"),
-                                   (every_other_16_keys, strided, "dq_full_range", "dq"),
-                                   (every_other_16_queries, by_queries, "q_full_range", "dk")):
-        q, k, v = (torch.randn(2, n, 4, 16, device=DEVICE, requires_grad=True) for n in (bm.seqlen_q, 70, 70))
-        dout = torch.randn_like(q)
-        results = []
-        for block_mask in (bm, dataclasses.replace(bm, **{flag: True})):
-            out = flashtile.attention(q, k, v, mask_mod=mask, block_mask=block_mask)
-            dq, dk, _ = torch.autograd.grad(out, (q, k, v), dout)
-            results.append(dict(out=out, dq=dq, dk=dk)[result])
-        assert max_error(*results) > 0.1, flag
+    # Each pass through its loop over runs gives what it gives as built, and the runs reach
+    # that kernel: runs claimed a tile too long there (where that tile exists: the kernels
+    # do not bound-check full tiles) give a wrong result.
+    q, k, v = (torch.randn(1, 96, 2, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+
+    def result(block_mask, name):
+        out = flashtile.attention(q, k, v, mask_mod=sink_16_and_window_56, block_mask=block_mask)
+        dq, dk, _ = torch.autograd.grad(out, (q, k, v), dout)
+        return dict(out=out, dq=dq, dk=dk)[name]
+
+    for prefix, name in (("kv", "out"), ("dq", "dq"), ("q", "dk")):
+        through_runs = dataclasses.replace(sink, **{f"{prefix}_full_range": False})
+        runs, indices = getattr(sink, f"{prefix}_runs").clone(), getattr(sink, f"{prefix}_indices")
+        longer = (runs > 0) & (indices + runs < indices.shape[-1])
+        assert longer.any()
+        runs[longer] += 1
+        too_long = dataclasses.replace(through_runs, **{f"{prefix}_runs": runs})
+        assert max_error(result(through_runs, name), result(sink, name)) < 1e-5, prefix
+        assert max_error(result(too_long, name), result(sink, name)) > 0.1, prefix
 
 
 def test_generated_masks_trace_under_torch_compile():

@@ -36,8 +36,8 @@ POINTER_TYPES = {  # pointer arguments by name; the rest of the tensors are bf16
     "LSE": "*fp32", "Delta": "*fp32", "DLSE": "*fp32", "Alibi": "*fp32", "DBias": "*fp32", "OutPartial": "*fp32",
     "LsePartial": "*fp32", "Lse": "*fp32", "Cu_seqlens_q": "*i32", "Cu_seqlens_k": "*i32", "Seed": "*i64",
     "CacheSeqlens": "*i32", "CacheBatchIdx": "*i32", "LeftPad": "*i32", "BlockTable": "*i32", "KvIdx": "*i32",
-    "KvPartial": "*i32", "KvCount": "*i32", "KvOrder": "*i32", "QIdx": "*i32", "QPartial": "*i32",
-    "QCount": "*i32", "QOrder": "*i32", "MaskBuf": "*i32", "ScoreBuf": "*fp32",
+    "KvPartial": "*i32", "KvCount": "*i32", "KvOrder": "*i32", "KvRuns": "*i32", "QIdx": "*i32", "QPartial": "*i32",
+    "QCount": "*i32", "QOrder": "*i32", "QRuns": "*i32", "MaskBuf": "*i32", "ScoreBuf": "*fp32",
     "Cu": "*i32",
 }
 TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias", "X", "DescK", "DescV", "DescQ", "DescDO"}
@@ -104,7 +104,8 @@ def variants(quick: bool):
     dims = [(128, 128)] if quick else [(128, 128), (40, 64), (256, 256)]
     for d, dp in dims:
         for name, f in ([("causal", flags), ("mask_mod+score_mod", masked)] if quick else
-                        [("causal", flags), ("every option", every), ("mask_mod+score_mod", masked)]):
+                        [("causal", flags), ("every option", every), ("mask_mod+score_mod", masked),
+                         ("mask_mod runs", dict(masked, FULL_RANGE=False))]):
             yield (f"fwd d={d} {name}", _fwd_kernel,
                    dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=128, BLOCK_N=64 if d > 128 else 128, **f), 8, 2)
             if not f["IS_VARLEN"]:  # K/V through tensor descriptors (FLASHTILE_TMA=1): dense batches only,

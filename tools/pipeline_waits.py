@@ -46,10 +46,13 @@ def copy_loops(text: str, min_length: int = 200) -> list[tuple[int, int, list[st
 
 
 def variants():
-    """(name, kernel, constexprs, warps, stages): the table's configs at d128, causal."""
+    """(name, kernel, constexprs, warps, stages): the table's configs at d128, causal, and a
+    block mask's (one run of full tiles per row, or several)."""
     d128 = dict(PLAIN, HEAD_DIM=128, HEAD_DIM_PADDED=128)
-    causal, masked = dict(d128, HAS_RIGHT=True), dict(d128, MASK_MOD=causal_mask().triton_fn(), FULL_RANGE=True)
-    for name, flags in (("built-in causal", causal), ("mask_mod causal", masked)):
+    causal = dict(d128, HAS_RIGHT=True)
+    masked = dict(d128, MASK_MOD=causal_mask().triton_fn(), FULL_RANGE=True)  # one run of full tiles per row
+    runs = dict(masked, FULL_RANGE=False)  # several runs per row (sink tokens and a window): a loop over runs
+    for name, flags in (("built-in causal", causal), ("mask_mod causal", masked), ("mask_mod runs", runs)):
         yield f"fwd {name}", _fwd_kernel, dict(flags, BLOCK_M=128, BLOCK_N=128), 8, 3
         yield f"dq {name}", _bwd_dq_kernel, dict(flags, BLOCK_M=128, BLOCK_N=64, HAS_DBIAS=False), 8, 3
         yield f"dkdv {name}", _bwd_dkdv_kernel, dict(flags, BLOCK_M=64, BLOCK_N=128), 8, 3

@@ -13,12 +13,24 @@ Layout (B and H are 1 when the mask does not depend on them)::
     kv_partial    (B, H, num_q_tiles) int32: how many of them are partial
     kv_count      (B, H, num_q_tiles) int32: how many are visited in all
     kv_order      (B, H, num_q_tiles) int32: the Q tiles, most visited K/V tiles first
-    dq_indices, dq_partial, dq_count, dq_order: the same for the backward's dQ pass, on its
+    kv_runs       (B, H, num_q_tiles, num_kv_tiles) int32: at each full tile's position in
+                  kv_indices, how many tiles from it on are consecutive tile numbers (the
+                  rest of its run); 0 at partial and unvisited positions
+    dq_indices, dq_partial, dq_count, dq_order, dq_runs: the same for the backward's dQ pass, on its
                   tiling: BLOCK_M queries × BACKWARD_BLOCK_N keys (``backward_blocks``; the
                   forward's lists themselves when BACKWARD_BLOCK_N = BLOCK_N)
-    q_indices, q_partial, q_count, q_order: per K/V tile, for the dK/dV pass, on the dQ
+    q_indices, q_partial, q_count, q_order, q_runs: per K/V tile, for the dK/dV pass, on the dQ
                   pass's tiling transposed: K/V tiles of BLOCK_M keys, Q tiles of
                   BACKWARD_BLOCK_N queries (``dkdv_blocks``)
+
+The kernels walk a row's full tiles run by run, each run as a range of tiles, as the
+built-in kernels walk their band: a loop whose next tile's address comes from the list
+waits, on Hopper, for every copy in flight before the next one (sm_90 SASS: DEPBAR 0
+against 2), and the mask_mod causal forward ran 1.44× the built-in causal through the
+list, 1.02–1.04× as a range (H200, N = 16k, d128; docs/performance.md attempts 19, 22).
+Causal, window, document and prefix masks have one run per row (``*_full_range``: the
+kernels then skip the loop over runs); sink tokens beside a window have two; the pipeline
+drains once per run.
 
 The kernels run their programs in the ``*_order`` order, longest lists first, as the
 built-in causal kernels do (their longest rows first): a grid that ends on its longest
@@ -58,17 +70,20 @@ class BlockMask:
     kv_partial: torch.Tensor
     kv_count: torch.Tensor
     kv_order: torch.Tensor
+    kv_runs: torch.Tensor
     dq_indices: torch.Tensor
     dq_partial: torch.Tensor
     dq_count: torch.Tensor
     dq_order: torch.Tensor
+    dq_runs: torch.Tensor
     q_indices: torch.Tensor
     q_partial: torch.Tensor
     q_count: torch.Tensor
     q_order: torch.Tensor
-    # Whether every row's full tiles are consecutive tile numbers, per list (kv: forward,
-    # dq: dQ pass, q: dK/dV pass). The kernels then walk them as a range, as the built-in
-    # kernels walk their band, instead of through the list (see _fwd_kernel).
+    q_runs: torch.Tensor
+    # Whether every row's full tiles form one run, per list (kv: forward, dq: dQ pass, q:
+    # dK/dV pass): the kernels then walk them as one range without the loop over runs,
+    # whose nesting costs the range loop register moves (see _fwd_kernel).
     kv_full_range: bool = False
     dq_full_range: bool = False
     q_full_range: bool = False
@@ -113,29 +128,41 @@ def _classify(mask: MaskMod, batch, heads, seqlen_q, seqlen_k, block_m, block_n,
 
 
 def _lists(kinds: torch.Tensor):
-    """Per row: indices of partial tiles then full tiles, their counts, and the rows'
-    schedule (most visited tiles first; ties in ascending order)."""
+    """Per row: indices of partial tiles then full tiles, their counts, the rows' schedule
+    (most visited tiles first; ties in ascending order), and the full tiles' runs."""
     # Sort key: partial (0) before full (1) before empty (2); stable keeps ascending tiles.
     order_key = torch.where(kinds == 1, 0, torch.where(kinds == 2, 1, 2)).to(torch.int16)
     indices = torch.sort(order_key, dim=-1, stable=True).indices.to(torch.int32)
     partial = (kinds == 1).sum(dim=-1, dtype=torch.int32)
     count = partial + (kinds == 2).sum(dim=-1, dtype=torch.int32)
     schedule = torch.sort(count, dim=-1, descending=True, stable=True).indices.to(torch.int32)
-    return indices.contiguous(), partial.contiguous(), count.contiguous(), schedule.contiguous()
+    runs = _runs(indices, partial, count)
+    return indices.contiguous(), partial.contiguous(), count.contiguous(), schedule.contiguous(), runs.contiguous()
 
 
-def _full_tiles_consecutive(indices: torch.Tensor, partial: torch.Tensor, count: torch.Tensor) -> bool:
-    """Whether in every row of ``_lists`` the full tiles (positions partial..count) are
-    consecutive tile numbers: true of causal, window, document and prefix masks. One host
-    sync, once per cached block mask."""
-    tiles = indices.shape[-1]
+def _one_run_per_row(runs: torch.Tensor, partial: torch.Tensor, count: torch.Tensor) -> bool:
+    """Whether every row's full tiles are one run: true of causal, window, document and
+    prefix masks. One host sync, once per cached block mask."""
+    tiles = runs.shape[-1]
     if tiles == 0:
         return True
+    first_run = runs.gather(-1, partial.clamp(max=tiles - 1).unsqueeze(-1).long()).squeeze(-1)
+    return bool(((first_run == count - partial) | (count == partial)).all())
+
+
+def _runs(indices: torch.Tensor, partial: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """At each full tile's position (partial..count of a row of ``_lists``), the number of
+    positions from it to the end of its run of consecutive tile numbers; 0 elsewhere. On the
+    device, without a host sync: each position finds the first run end at or after it."""
+    tiles = indices.shape[-1]
     pos = torch.arange(tiles, device=indices.device, dtype=torch.int32)
-    partial, count = partial.unsqueeze(-1), count.unsqueeze(-1)
-    first = indices.gather(-1, partial.clamp(max=tiles - 1).long())
-    outside_full = (pos < partial) | (pos >= count)
-    return bool(((indices - first == pos - partial) | outside_full).all())
+    full = (pos >= partial.unsqueeze(-1)) & (pos < count.unsqueeze(-1))
+    # A full position continues into the next when that one is full and holds the next tile.
+    continues = torch.zeros_like(full)
+    continues[..., :-1] = full[..., :-1] & full[..., 1:] & (indices[..., 1:] == indices[..., :-1] + 1)
+    run_end = torch.where(full & ~continues, pos, tiles)
+    next_end = run_end.flip(-1).cummin(dim=-1).values.flip(-1)
+    return torch.where(full, next_end - pos + 1, 0).to(torch.int32)
 
 
 @functools.lru_cache(maxsize=64)
@@ -152,9 +179,9 @@ def _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_b
     transposed = backward if backward_block_n == block_m else classify(backward_block_n, block_m)
     q = _lists(transposed.transpose(2, 3))
     return BlockMask(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_block_n, *kv, *dq, *q,
-                     kv_full_range=_full_tiles_consecutive(*kv[:3]),
-                     dq_full_range=_full_tiles_consecutive(*dq[:3]),
-                     q_full_range=_full_tiles_consecutive(*q[:3]))
+                     kv_full_range=_one_run_per_row(*kv[4:], *kv[1:3]),
+                     dq_full_range=_one_run_per_row(*dq[4:], *dq[1:3]),
+                     q_full_range=_one_run_per_row(*q[4:], *q[1:3]))
 
 
 def create_block_mask(mask, batch: int = 1, heads: int = 1, seqlen_q: int = 1, seqlen_k: int = 1, device=None,

@@ -11,7 +11,7 @@ Every output element has exactly one writer, so the backward is bitwise determin
 import triton
 import triton.language as tl
 
-from .common import (LN2, LOG2E, _band_mask, _dropout_keep, _key_tiles, _list_part, _load_bias, _query_tiles,
+from .common import (LN2, LOG2E, _band_mask, _dropout_keep, _key_tiles, _load_bias, _query_tiles,
                      _scores_log2)
 
 
@@ -163,8 +163,8 @@ def _bwd_dkdv_inner(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, Delta, DK, DV, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, QIdx, QPartial, QCount, QOrder, MaskBuf,
-    ScoreBuf, DescQ, DescDO,
+    Q, K, V, DO, LSE, Delta, DK, DV, Alibi, Bias, Cu_seqlens_q, Cu_seqlens_k, QIdx, QPartial, QCount, QOrder, QRuns,
+    MaskBuf, ScoreBuf, DescQ, DescDO,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -233,20 +233,37 @@ def _bwd_dkdv_kernel(
             alibi_slope = tl.load(Alibi + batch * stride_ab + head * stride_ah)
         args = (Q_head, DO_head, LSE + row_base, Delta + row_base, stride_qm, stride_qd, stride_dom, stride_dod,
                 Bias_head, stride_bm, stride_bn, seed, bh, dropout_p)
-        if MASK_MOD is not None:  # the block mask's Q tiles of this K/V tile: partial, then full
+        if MASK_MOD is not None:  # the block mask's Q tiles of this K/V tile: partial, then full runs
             row = batch * stride_cb + head * stride_ch + block_n
             n_partial = tl.load(QPartial + row)
             n_visited = tl.load(QCount + row)
-            Idx = QIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_n * stride_im
-            for part in tl.static_range(2):  # unrolled at compile time
-                lo, hi = _list_part(Idx, n_partial, n_visited, part, FULL_RANGE, BLOCK_M)
-                sparse = not (part == 1 and FULL_RANGE)  # full tiles as a query range: see _list_part
+            offset = batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_n * stride_im
+            Idx, Runs = QIdx + offset, QRuns + offset
+            dk, dv = _bwd_dkdv_inner(
+                dk, dv, k, v, *args, n_partial * 0, n_partial, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
+                alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, DescQ, DescDO,
+                BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+                HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD, USE_TMA)
+            pos = n_partial
+            if FULL_RANGE:  # one run per row: see _fwd_kernel
+                first = tl.load(Idx + pos, mask=pos < n_visited, other=0)
                 dk, dv = _bwd_dkdv_inner(
-                    dk, dv, k, v, *args, lo, hi, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-                    alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, DescQ, DescDO,
-                    BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-                    HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, sparse, 1 if sparse else BLOCK_M, MASK_MOD, SCORE_MOD,
-                    SCORE_GRAD, USE_TMA)
+                    dk, dv, k, v, *args, first * BLOCK_M, (first + n_visited - pos) * BLOCK_M, offs_n, offs_d,
+                    seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right, Idx, MaskBuf,
+                    ScoreBuf, batch, head, DescQ, DescDO, BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT,
+                    HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_M, MASK_MOD,
+                    SCORE_MOD, SCORE_GRAD, USE_TMA)
+                pos = n_visited
+            while pos < n_visited:  # each run of full Q tiles as a query range: see _fwd_kernel
+                first = tl.load(Idx + pos)
+                length = tl.load(Runs + pos)
+                dk, dv = _bwd_dkdv_inner(
+                    dk, dv, k, v, *args, first * BLOCK_M, (first + length) * BLOCK_M, offs_n, offs_d, seqlen_q,
+                    seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf,
+                    batch, head, DescQ, DescDO, BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT, HAS_RIGHT,
+                    HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, False, BLOCK_M, MASK_MOD,
+                    SCORE_MOD, SCORE_GRAD, USE_TMA)
+                pos += length
         else:  # the band's Q tiles, unrolled at compile time: masked edge, unmasked middle, masked edge
             for part in tl.static_range(3):
                 dk, dv = _bwd_dkdv_inner(
@@ -350,7 +367,7 @@ def _bwd_dq_inner(
 @triton.jit
 def _bwd_dq_kernel(
     Q, K, V, DO, LSE, Delta, DQ, Alibi, Bias, DBias, Cu_seqlens_q, Cu_seqlens_k, KvIdx, KvPartial, KvCount,
-    KvOrder, MaskBuf, ScoreBuf, DescK, DescV,
+    KvOrder, KvRuns, MaskBuf, ScoreBuf, DescK, DescV,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -417,20 +434,37 @@ def _bwd_dq_kernel(
 
     args = (K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd, Bias_head, stride_bm, stride_bn, DBias_head,
             seed, bh, dropout_p)
-    if MASK_MOD is not None:  # the block mask's K/V tiles of this Q tile: partial, then full
+    if MASK_MOD is not None:  # the block mask's K/V tiles of this Q tile: partial, then full runs
         row = batch * stride_cb + head * stride_ch + block_m
         n_partial = tl.load(KvPartial + row)
         n_visited = tl.load(KvCount + row)
-        Idx = KvIdx + batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_m * stride_im
-        for part in tl.static_range(2):  # unrolled at compile time
-            lo, hi = _list_part(Idx, n_partial, n_visited, part, FULL_RANGE, BLOCK_N)
-            sparse = not (part == 1 and FULL_RANGE)  # full tiles as a key range: see _list_part
+        offset = batch.to(tl.int64) * stride_ib + head.to(tl.int64) * stride_ih + block_m * stride_im
+        Idx, Runs = KvIdx + offset, KvRuns + offset
+        dq = _bwd_dq_inner(
+            dq, q, do, lse2, delta, *args, n_partial * 0, n_partial, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale,
+            softcap, alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, DescK, DescV,
+            head_kv, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS,
+            HAS_DROPOUT, HAS_DBIAS, DOT_PRECISION, True, 1, MASK_MOD, SCORE_MOD, SCORE_GRAD, USE_TMA)
+        pos = n_partial
+        if FULL_RANGE:  # one run per row: see _fwd_kernel
+            first = tl.load(Idx + pos, mask=pos < n_visited, other=0)
             dq = _bwd_dq_inner(
-                dq, q, do, lse2, delta, *args, lo, hi, offs_m, offs_d, seqlen_q, seqlen_k, qk_scale, softcap,
-                alibi_slope, window_left, window_right, Idx, MaskBuf, ScoreBuf, batch, head, DescK, DescV, head_kv,
-                BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, part == 0, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS,
-                HAS_DROPOUT, HAS_DBIAS, DOT_PRECISION, sparse, 1 if sparse else BLOCK_N, MASK_MOD, SCORE_MOD,
-                SCORE_GRAD, USE_TMA)
+                dq, q, do, lse2, delta, *args, first * BLOCK_N, (first + n_visited - pos) * BLOCK_N, offs_m, offs_d,
+                seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right, Idx, MaskBuf,
+                ScoreBuf, batch, head, DescK, DescV, head_kv, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT,
+                HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS, DOT_PRECISION, False, BLOCK_N,
+                MASK_MOD, SCORE_MOD, SCORE_GRAD, USE_TMA)
+            pos = n_visited
+        while pos < n_visited:  # each run of full K/V tiles as a key range: see _fwd_kernel
+            first = tl.load(Idx + pos)
+            length = tl.load(Runs + pos)
+            dq = _bwd_dq_inner(
+                dq, q, do, lse2, delta, *args, first * BLOCK_N, (first + length) * BLOCK_N, offs_m, offs_d,
+                seqlen_q, seqlen_k, qk_scale, softcap, alibi_slope, window_left, window_right, Idx, MaskBuf,
+                ScoreBuf, batch, head, DescK, DescV, head_kv, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False, HAS_LEFT,
+                HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, HAS_DBIAS, DOT_PRECISION, False, BLOCK_N,
+                MASK_MOD, SCORE_MOD, SCORE_GRAD, USE_TMA)
+            pos += length
     else:  # the band's K/V tiles, unrolled at compile time: masked edge, unmasked middle, masked edge
         lo, full_lo, full_hi, hi = _key_tiles(m_lo, m_hi, seqlen_q, seqlen_k, window_left, window_right,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT)

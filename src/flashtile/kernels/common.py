@@ -98,23 +98,6 @@ def _query_tiles(n_lo, n_hi, seqlen_q, seqlen_k, window_left, window_right,
 
 
 @triton.jit
-def _list_part(Idx, n_partial, n_visited, PART: tl.constexpr, FULL_RANGE: tl.constexpr, BLOCK: tl.constexpr):
-    """[lo, hi) of one part of a block mask's list: the partial tiles' positions in ``Idx``
-    (PART 0), the full tiles' (PART 1), or with FULL_RANGE, where every row's full tiles are
-    consecutive (BlockMask.*_full_range), their rows as a range stepped by BLOCK. Walked
-    through the list, the next tile's address waits on its index, and Triton's pipeline
-    then waits for every copy in flight each iteration (sm_90 SASS: DEPBAR 0 against 2)."""
-    if PART == 0:
-        lo, hi = n_partial * 0, n_partial
-    elif FULL_RANGE:
-        lo = tl.load(Idx + n_partial, mask=n_partial < n_visited, other=0) * BLOCK
-        hi = lo + (n_visited - n_partial) * BLOCK
-    else:
-        lo, hi = n_partial, n_visited
-    return lo, hi
-
-
-@triton.jit
 def _dropout_keep(seed, bh, q_pos, k_pos, dropout_p):
     """Keep-mask of a tile, (len(q_pos), len(k_pos)) booleans, True where dropout keeps
     P[q_pos, k_pos] of head ``bh`` (= batch·heads_q + head).

@@ -73,21 +73,23 @@ def _bias_args(bias: torch.Tensor | None, q: torch.Tensor, seqlen_k: int):
 
 
 def _block_mask_args(block_mask, kernel: str, dummy: torch.Tensor):
-    """(indices, partial counts, counts, schedule, mask buffer) of one kernel's tile lists
-    (``kernel``: "fwd", "dq" or "dkdv"), their strides (0 where the block mask is shared by
-    all batch entries or heads; the schedule has the counts'), and the kernel's constexprs
-    (the jitted mask; whether its full tiles are walked as a range), or dummies without one."""
+    """(indices, partial counts, counts, schedule, runs, mask buffer) of one kernel's tile
+    lists (``kernel``: "fwd", "dq" or "dkdv"), their strides (0 where the block mask is
+    shared by all batch entries or heads; the schedule has the counts', the runs the
+    indices'), and the kernel's constexprs (the jitted mask; whether every row's full
+    tiles are one run), or dummies without one."""
     if block_mask is None:
-        return (dummy, dummy, dummy, dummy, dummy), (0, 0, 0, 0, 0), dict(MASK_MOD=None, FULL_RANGE=False)
+        return (dummy,) * 6, (0, 0, 0, 0, 0), dict(MASK_MOD=None, FULL_RANGE=False)
     prefix = {"fwd": "kv", "dq": "dq", "dkdv": "q"}[kernel]
-    idx, partial, count, order = (getattr(block_mask, f"{prefix}_{part}")
-                                  for part in ("indices", "partial", "count", "order"))
+    idx, partial, count, order, runs = (getattr(block_mask, f"{prefix}_{part}")
+                                        for part in ("indices", "partial", "count", "order", "runs"))
     buffer = block_mask.mask.buffer if block_mask.mask.buffer is not None else dummy
     shared_b, shared_h = block_mask.batch == 1, block_mask.heads == 1
     strides = (0 if shared_b else idx.stride(0), 0 if shared_h else idx.stride(1), idx.stride(2),
                0 if shared_b else count.stride(0), 0 if shared_h else count.stride(1))
+    assert runs.shape == idx.shape and runs.stride() == idx.stride(), "runs are read at the indices' offsets"
     constexprs = dict(MASK_MOD=block_mask.mask.triton_fn(), FULL_RANGE=getattr(block_mask, f"{prefix}_full_range"))
-    return (idx, partial, count, order, buffer), strides, constexprs
+    return (idx, partial, count, order, runs, buffer), strides, constexprs
 
 
 def _fit_args(bias: torch.Tensor | None, block_mask, dropout_p: float, backward: bool = False) -> dict:
