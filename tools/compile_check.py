@@ -26,6 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from flashtile.kernels.append import _append_kv_kernel
 from flashtile.kernels.bwd import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
 from flashtile.kernels.decode import _combine_splits_kernel, _decode_kernel
 from flashtile.kernels.fwd import _fwd_kernel
@@ -40,7 +41,8 @@ POINTER_TYPES = {  # pointer arguments by name; the rest of the tensors are bf16
     "QCount": "*i32", "QOrder": "*i32", "QRuns": "*i32", "MaskBuf": "*i32", "ScoreBuf": "*fp32",
     "Cu": "*i32",
 }
-TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias", "X", "DescK", "DescV", "DescQ", "DescDO"}
+TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias", "X", "DescK", "DescV", "DescQ", "DescDO", "KCache",
+           "VCache"}
 # Tensor descriptors with USE_TMA (plain pointers without), by the tile side their rows follow.
 DESCRIPTORS = {"DescK": "BLOCK_N", "DescV": "BLOCK_N", "DescQ": "BLOCK_M", "DescDO": "BLOCK_M"}
 
@@ -124,6 +126,9 @@ def variants(quick: bool):
     yield ("preprocess", _bwd_preprocess, dict(HEAD_DIM=128, HEAD_DIM_PADDED=128, BLOCK_M=64, HAS_DLSE=True,
                                                IS_VARLEN=True), 4, 1)
     yield ("padding fill", _fill_rows_outside_kernel, dict(BLOCK_R=8, BLOCK_C=512), 4, 1)
+    for paged in (False, True):
+        yield (f"append k/v paged={paged}", _append_kv_kernel,
+               dict(PAGED=paged, HAS_BATCH_IDX=not paged, BLOCK_H=8, BLOCK_D=128), 4, 1)
     yield ("combine splits", _combine_splits_kernel, dict(HEAD_DIM=128, HEAD_DIM_PADDED=128, SPLITS_PADDED=64), 4, 1)
     for paged in (False, True):
         yield (f"decode paged={paged}", _decode_kernel,

@@ -40,7 +40,8 @@ def _check_index(name: str, t, shape: tuple[int, ...], device) -> None:
 def _cache_index(positions: torch.Tensor, cache: torch.Tensor, block_table, batch_idx) -> tuple:
     """Index of the cache entries at positions (B, S_new): k_cache[index] is (B, S_new, Hkv, D).
 
-    Built once for both caches (on a GPU each step is a launch, and a decode step is short).
+    The reference backend's write, built once for both caches; the Triton backend appends
+    in one kernel instead (kernels/append.py).
     """
     if block_table is not None:
         page_size = cache.shape[1]
@@ -193,8 +194,9 @@ def flash_attn_with_kvcache(
     )
     band = normalize_window(causal, window_size)
 
-    # (B, S_new) cache positions of the new tokens: where they are written and their RoPE angle.
-    new_positions = cache_seqlens[:, None].long() + torch.arange(seqlen_new, device=device) if k is not None else None
+    backend = select_backend(device, q.dtype)
+    check_backend_limits(backend, q.dtype, headdim)  # before the cache is written
+
     if rotary_cos is not None:
         if rotary_sin is None or rotary_sin.shape != rotary_cos.shape or rotary_cos.dim() != 2:
             raise ValueError("rotary_cos, rotary_sin: expected two (max_position, rotary_dim / 2) tables of one shape")
@@ -204,16 +206,21 @@ def flash_attn_with_kvcache(
         else:  # as flash-attn: all queries at the position of the first new token
             q_positions = base.expand(batch, seqlen_q)
         q = apply_rotary(q, rotary_cos, rotary_sin, q_positions, rotary_interleaved)
-        if k is not None:
-            k = apply_rotary(k, rotary_cos, rotary_sin, new_positions, rotary_interleaved)
+        if k is not None:  # each new key at its cache position
+            k = apply_rotary(k, rotary_cos, rotary_sin, base + torch.arange(seqlen_new, device=device),
+                             rotary_interleaved)
     if k is not None:
-        index = _cache_index(new_positions, k_cache, block_table, cache_batch_idx)
-        k_cache[index] = k.to(k_cache.dtype)
-        v_cache[index] = v.to(v_cache.dtype)
+        if backend == "triton":  # one launch, the positions read on the device
+            from .kernels.append import append_kv
+
+            append_kv(k, v, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table)
+        else:
+            positions = cache_seqlens[:, None].long() + torch.arange(seqlen_new, device=device)  # (B, S_new)
+            index = _cache_index(positions, k_cache, block_table, cache_batch_idx)
+            k_cache[index] = k.to(k_cache.dtype)
+            v_cache[index] = v.to(v_cache.dtype)
     seqlens_k = cache_seqlens + seqlen_new if seqlen_new else cache_seqlens  # int32, checked above
 
-    backend = select_backend(device, q.dtype)
-    check_backend_limits(backend, q.dtype, headdim)
     if backend == "triton":
         from .kernels.decode_launch import combine_splits, decode_attention_triton
 
