@@ -12,7 +12,9 @@
 #   bash benchmarks/gpu_final.sh checks  # compute-sanitizer, and the Hypothesis GPU property test on GPU 1
 #   bash benchmarks/gpu_final.sh loops   # block-mask loops (attempt 22: runs of full tiles): masks.py (Flex
 #                                        # included), mask_tiles.py ranges (as built / run loop / tile by
-#                                        # tile), and masks.py of OLD_SRC when given; ~4 files, ~250 s
+#                                        # tile); the decode append kernel (attempt 23): launch_overhead.py's
+#                                        # decode rows; masks.py and launch_overhead.py of OLD_SRC when
+#                                        # given; ~5 files, ~300 s
 # At most 8 files come back from a device call: each mode writes few (times.txt included).
 # Logs under $OUT; a short summary is printed last.
 set -uo pipefail
@@ -91,11 +93,15 @@ case ${1:-tests} in
     step env timeout 150 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
     step env timeout 200 python3 benchmarks/mask_tiles.py ranges --headdims 128 --seqlens 16384 \
       > "$OUT/mask-tiles.log" 2>&1
+    # decode with and without the append, batch 1 and 32: host / do_bench / CUDA-graph ms
+    launch() { python3 benchmarks/launch_overhead.py --seqlen 1024 --varlen 2 1024 --decode-batches 1 32; }
+    step env timeout 90 bash -c "$(declare -f launch); launch" > "$OUT/launch.log" 2>&1
     if [[ -n "${OLD_SRC:-}" ]]; then
-      echo "== OLD_SRC=$OLD_SRC" >> "$OUT/masks.log"
+      echo "== OLD_SRC=$OLD_SRC" | tee -a "$OUT/masks.log" >> "$OUT/launch.log"
       step env PYTHONPATH="$OLD_SRC" timeout 100 python3 benchmarks/masks.py --no-flex >> "$OUT/masks.log" 2>&1
+      step env PYTHONPATH="$OLD_SRC" timeout 90 bash -c "$(declare -f launch); launch" >> "$OUT/launch.log" 2>&1
     fi
-    cat "$OUT/masks.log" "$OUT/mask-tiles.log" "$OUT/times.txt" ;;
+    cat "$OUT/masks.log" "$OUT/mask-tiles.log"; grep -E "^== |decode|case" "$OUT/launch.log"; cat "$OUT/times.txt" ;;
   checks)
     # The property test runs meanwhile, on the second GPU where there is one, its six shards
     # on six workers (compile-bound: most problems bring new kernels).
