@@ -321,25 +321,26 @@ def test_full_tiles_are_walked_in_runs(backend):
     assert (sink.kv_full_range, sink.dq_full_range, sink.q_full_range) == (False, False, True)
     if backend != "triton":
         return
-    # Each pass through its loop over runs gives what it gives as built, and the runs reach
-    # that kernel: runs claimed a tile too long there (where that tile exists: the kernels
-    # do not bound-check full tiles) give a wrong result.
+    # In each pass, a one-run mask through the loop over runs gives what its single range
+    # gives, and the runs reach that kernel: runs claimed a tile too long there (where that
+    # tile exists: the kernels do not bound-check full tiles) give a wrong result.
     q, k, v = (torch.randn(1, 96, 2, 16, device=DEVICE, requires_grad=True) for _ in range(3))
     dout = torch.randn_like(q)
+    one_run = flashtile.create_block_mask(causal_mask(), 1, 1, 96, 96, DEVICE, 16, 16)
 
     def result(block_mask, name):
-        out = flashtile.attention(q, k, v, mask_mod=sink_16_and_window_56, block_mask=block_mask)
+        out = flashtile.attention(q, k, v, mask_mod=block_mask.mask, block_mask=block_mask)
         dq, dk, _ = torch.autograd.grad(out, (q, k, v), dout)
         return dict(out=out, dq=dq, dk=dk)[name]
 
     for prefix, name in (("kv", "out"), ("dq", "dq"), ("q", "dk")):
-        through_runs = dataclasses.replace(sink, **{f"{prefix}_full_range": False})
+        run_loop = dataclasses.replace(one_run, **{f"{prefix}_full_range": False})
+        assert max_error(result(run_loop, name), result(one_run, name)) < 1e-5, prefix
         runs, indices = getattr(sink, f"{prefix}_runs").clone(), getattr(sink, f"{prefix}_indices")
         longer = (runs > 0) & (indices + runs < indices.shape[-1])
         assert longer.any()
         runs[longer] += 1
-        too_long = dataclasses.replace(through_runs, **{f"{prefix}_runs": runs})
-        assert max_error(result(through_runs, name), result(sink, name)) < 1e-5, prefix
+        too_long = dataclasses.replace(sink, **{f"{prefix}_full_range": False, f"{prefix}_runs": runs})
         assert max_error(result(too_long, name), result(sink, name)) > 0.1, prefix
 
 

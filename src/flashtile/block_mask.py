@@ -27,7 +27,7 @@ The kernels walk a row's full tiles run by run, each run as a range of tiles, as
 built-in kernels walk their band: a loop whose next tile's address comes from the list
 waits, on Hopper, for every copy in flight before the next one (sm_90 SASS: DEPBAR 0
 against 2), and the mask_mod causal forward ran 1.44× the built-in causal through the
-list, 1.02–1.04× as a range (H200, N = 16k, d128; docs/performance.md attempts 19, 22).
+list, 1.02–1.04× as a range (H200, N = 16k, d128; docs/performance.md attempt 19).
 Causal, window, document and prefix masks have one run per row (``*_full_range``: the
 kernels then skip the loop over runs); sink tokens beside a window have two; the pipeline
 drains once per run.
