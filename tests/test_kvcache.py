@@ -39,16 +39,24 @@ def rope_tables(max_pos, rotary_dim, device=DEVICE):
 
 def run_case(*, batch=3, seqlen_q=1, heads_q=4, heads_kv=2, headdim=32, capacity=80, seqlen_new=1, paged=False,
              page_size=16, batch_idx=False, leftpad=False, rotary=None, num_splits=0, dtype=torch.float32,
-             alibi=False, strided_index=False, **options):
+             alibi=False, strided_index=False, lengths=None, head_major_new=False, **options):
     """One call against the oracle; ``strided_index``: the index tensors are passed as views
-    with stride 2 in their last dim (every other element of a wider buffer)."""
+    with stride 2 in their last dim (every other element of a wider buffer). ``lengths``:
+    the cache's lengths before the append (default: random, the first cache full).
+    ``head_major_new``: the new k and v are (B, Hkv, S_new, D) tensors seen transposed."""
     torch.manual_seed(1)  # the same inputs on every call, so calls can be compared
     g = torch.Generator(device="cpu").manual_seed(0)
-    lengths = torch.randint(0, capacity - seqlen_new + 1, (batch,), generator=g).to(torch.int32)
-    lengths[0] = capacity - seqlen_new  # one full cache
+    if lengths is None:
+        lengths = torch.randint(0, capacity - seqlen_new + 1, (batch,), generator=g).to(torch.int32)
+        lengths[0] = capacity - seqlen_new  # one full cache
+    else:
+        lengths = torch.tensor(lengths, dtype=torch.int32)
     q = torch.randn(batch, seqlen_q, heads_q, headdim, dtype=dtype, device=DEVICE)
-    k_new = torch.randn(batch, seqlen_new, heads_kv, headdim, dtype=dtype, device=DEVICE) if seqlen_new else None
-    v_new = torch.randn_like(k_new) if seqlen_new else None
+    new_shape = (batch, heads_kv, seqlen_new, headdim) if head_major_new else (batch, seqlen_new, heads_kv, headdim)
+    k_new, v_new = ((torch.randn(new_shape, dtype=dtype, device=DEVICE) for _ in range(2)) if seqlen_new
+                    else (None, None))
+    if seqlen_new and head_major_new:
+        k_new, v_new = k_new.transpose(1, 2), v_new.transpose(1, 2)
     rows = batch + 2 if batch_idx else batch
     logical_k = torch.randn(rows, capacity, heads_kv, headdim, dtype=dtype, device=DEVICE)
     logical_v = torch.randn_like(logical_k)
@@ -154,6 +162,10 @@ CASES = {
     "rotary-halves-noncausal": dict(rotary=(32, False)),
     "window-softcap-alibi-mqa": dict(heads_kv=1, window_size=(20, 0), softcap=5.0, alibi=True),
     "splits-3": dict(num_splits=3, causal=True, paged=True),
+    # New tokens that cross a page boundary (positions 13-17 and 30-34 over pages of 16),
+    # from k and v laid out head-major: the append reads their strides.
+    "append-across-pages": dict(paged=True, seqlen_q=5, seqlen_new=5, lengths=[75, 13, 30], head_major_new=True,
+                                causal=True),
     # Pages of several key tiles (48 = 3 x 16 under the interpreter) with splits and a left
     # window edge that start mid-page: the kernel walks a page's tiles in an inner loop.
     "pages-of-three-tiles-window-splits": dict(paged=True, page_size=48, capacity=96, num_splits=3, causal=True,

@@ -3,7 +3,7 @@
 ``flash_attn_with_kvcache(..., k, v, cache_seqlens)`` appends k and v (B, S_new, Hkv, D)
 at positions cache_seqlens[b] .. + S_new of each sequence's cache row (contiguous, or
 through ``cache_batch_idx``) or pages (through ``block_table``). In PyTorch that is an
-index built from the lengths and two indexed writes: eight or so small launches, which a
+index built from the lengths and two indexed writes: about ten small launches, which a
 batch-1 decode step pays on the host and, as separate kernels, on the GPU. Here one
 program per (sequence, new token) reads its length and page on the device and copies the
 token's Hkv × D keys and values.
@@ -40,12 +40,12 @@ def _append_kv_kernel(
     else:
         cache_row = batch
     offs_d = tl.arange(0, BLOCK_D)
-    K_row = K + batch.to(tl.int64) * stride_kb + token * stride_ks
-    V_row = V + batch.to(tl.int64) * stride_vb + token * stride_vs
+    K_row = K + batch.to(tl.int64) * stride_kb + token.to(tl.int64) * stride_ks
+    V_row = V + batch.to(tl.int64) * stride_vb + token.to(tl.int64) * stride_vs
     KCache_row = KCache + cache_row.to(tl.int64) * stride_kcb + position.to(tl.int64) * stride_kcs
     VCache_row = VCache + cache_row.to(tl.int64) * stride_vcb + position.to(tl.int64) * stride_vcs
     for h0 in range(0, heads_kv, BLOCK_H):  # BLOCK_H heads at a time (all of them, at most sizes)
-        offs_h = h0 + tl.arange(0, BLOCK_H)
+        offs_h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)  # a head-major cache's head stride is large
         inside = (offs_h < heads_kv)[:, None] & (offs_d < head_dim)[None, :]
         k = tl.load(K_row + offs_h[:, None] * stride_kh + offs_d[None, :] * stride_kd, mask=inside)
         v = tl.load(V_row + offs_h[:, None] * stride_vh + offs_d[None, :] * stride_vd, mask=inside)
