@@ -51,6 +51,23 @@ qm = torch.randn(1, 75, 2, 64, device="cuda", dtype=torch.bfloat16, requires_gra
 block_mask = flashtile.create_block_mask(mask, 1, 1, 75, 75, device="cuda", block_m=64, block_n=32)
 flashtile.attention(qm, qm, qm, block_mask=block_mask,
                     score_mod=flashtile.score_mods.softcap_score(20.0)).sum().backward()
+
+
+# Full tiles in two runs per row (sink tokens beside a window): the loop over runs
+# (BlockMask.*_runs) in the forward and dQ passes.
+def sink_and_window(b, h, q_idx, kv_idx):
+    return (kv_idx <= q_idx) & ((kv_idx < 16) | (q_idx - kv_idx < 64))
+
+
+qs = torch.randn(1, 150, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+runs_mask = flashtile.create_block_mask(sink_and_window, 1, 1, 150, 150, device="cuda", block_m=32, block_n=16)
+assert not runs_mask.kv_full_range, "the loop over runs must be taken"
+flashtile.attention(qs, qs, qs, mask_mod=sink_and_window, block_mask=runs_mask).sum().backward()
+# New tokens appended to a paged cache across page boundaries (positions 14-16 and 30-32).
+flashtile.flash_attn_with_kvcache(torch.randn(2, 3, 4, 64, device="cuda", dtype=torch.float16), kc, kc.clone(),
+                                  k=torch.randn(2, 3, 2, 64, device="cuda", dtype=torch.float16),
+                                  v=torch.randn(2, 3, 2, 64, device="cuda", dtype=torch.float16), block_table=table,
+                                  cache_seqlens=torch.tensor([14, 30], dtype=torch.int32, device="cuda"), causal=True)
 # Tiles through tensor descriptors (FLASHTILE_TMA=1, kernels/tma.py), odd lengths.
 os.environ["FLASHTILE_TMA"] = "1"
 descriptor_launches = []  # the launches that build descriptors: the path must be taken, not assumed
