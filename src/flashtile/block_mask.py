@@ -140,14 +140,16 @@ def _lists(kinds: torch.Tensor):
     return indices.contiguous(), partial.contiguous(), count.contiguous(), schedule.contiguous(), runs.contiguous()
 
 
-def _one_run_per_row(runs: torch.Tensor, partial: torch.Tensor, count: torch.Tensor) -> bool:
-    """Whether every row's full tiles are one run: true of causal, window, document and
-    prefix masks. One host sync, once per cached block mask."""
+def _one_run_per_row(lists) -> torch.Tensor:
+    """Whether every row of ``_lists``'s output has its full tiles in one run (true of causal,
+    window, document and prefix masks), as a bool tensor on the lists' device: the caller
+    reads the three passes' answers in one host sync."""
+    _, partial, count, _, runs = lists
     tiles = runs.shape[-1]
     if tiles == 0:
-        return True
+        return torch.ones((), dtype=torch.bool, device=runs.device)
     first_run = runs.gather(-1, partial.clamp(max=tiles - 1).unsqueeze(-1).long()).squeeze(-1)
-    return bool(((first_run == count - partial) | (count == partial)).all())
+    return ((first_run == count - partial) | (count == partial)).all()
 
 
 def _runs(indices: torch.Tensor, partial: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -178,10 +180,9 @@ def _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_b
     dq = kv if backward is kinds else _lists(backward)
     transposed = backward if backward_block_n == block_m else classify(backward_block_n, block_m)
     q = _lists(transposed.transpose(2, 3))
+    kv_one_run, dq_one_run, q_one_run = torch.stack([_one_run_per_row(lists) for lists in (kv, dq, q)]).tolist()
     return BlockMask(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_block_n, *kv, *dq, *q,
-                     kv_full_range=_one_run_per_row(*kv[4:], *kv[1:3]),
-                     dq_full_range=_one_run_per_row(*dq[4:], *dq[1:3]),
-                     q_full_range=_one_run_per_row(*q[4:], *q[1:3]))
+                     kv_full_range=kv_one_run, dq_full_range=dq_one_run, q_full_range=q_one_run)
 
 
 def create_block_mask(mask, batch: int = 1, heads: int = 1, seqlen_q: int = 1, seqlen_k: int = 1, device=None,
