@@ -139,7 +139,15 @@ def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool, device: to
         elif head_dim <= 128:
             dkdv, dq = KernelConfig(64, 128, 8, 3), KernelConfig(128, 64, 8, 3)
         else:
-            dkdv = dq = KernelConfig(32, 64, 4, 1)
+            # d256 (N = 4k, non-causal): dK/dV 120 TFLOP/s against 77 for the old 32 x 64 w4 s1
+            # (its dK and dV accumulators spilled); dQ 111 against 78 (128 rows: wgmma, which
+            # 32 rows cannot use). Each swept with the other kernel at the old config. Their
+            # tiles fill ~200 KiB of shared memory, so a bias or a keep mask (not swept) keeps
+            # the old ones.
+            if bias_elem or dropout:
+                dkdv = dq = KernelConfig(32, 64, 4, 1)
+            else:
+                dkdv, dq = KernelConfig(64, 64, 8, 2), KernelConfig(128, 64, 8, 1)
     else:
         dkdv = dq = KernelConfig(64, 64, 4, 2) if head_dim <= 64 else KernelConfig(32, 64, 4, 1)
     table_dkdv_area = dkdv.BLOCK_M * dkdv.BLOCK_N
@@ -148,7 +156,6 @@ def backward_configs(head_dim: int, dtype: torch.dtype, causal: bool, device: to
         # A block mask's dK/dV tile larger than the table's: at d64 the mask's 64 x 128 with
         # the table's 4 warps ran the causal backward 3.6x the built-in's (spilled dK/dV
         # accumulators); 8 warps at 2 stages ran it 1.03x (H200, N = 16k; docs/performance.md).
-        # d256's mask tiles take this path too (32 x 64 at 4 warps in the table), untimed.
         dkdv = KernelConfig(dkdv.BLOCK_M, dkdv.BLOCK_N, 8, 2)
     return (_fit(dkdv, head_dim, elem, smem, streams_keys=False, bias_elem=bias_elem, dropout=dropout),
             _fit(dq, head_dim, elem, smem, bias_elem=bias_elem, dropout=dropout))
