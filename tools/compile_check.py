@@ -58,8 +58,12 @@ LAST_DIM_STRIDES = re.compile(r"^stride_(q|k|v|o|do|dk|dv|dq)d$")
 
 def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
     """A cubin for sm_90, specialised as a launch on contiguous tensors would be (see ROW_STRIDES)."""
-    params = list(inspect.signature(kernel.fn).parameters)
+    signature_params = inspect.signature(kernel.fn).parameters
+    params = list(signature_params)
     constexprs = {k: v for k, v in constexprs.items() if k in params}  # SCORE_GRAD: backward kernels only
+    for name, param in signature_params.items():  # constexprs left out take their defaults, as at a launch
+        if name not in constexprs and param.default is not inspect.Parameter.empty and "constexpr" in str(param.annotation):
+            constexprs[name] = param.default
     constexprs.update({p: 1 for p in params if LAST_DIM_STRIDES.match(p)})
     aligned_rows = constexprs.get("HEAD_DIM", 16) % 16 == 0
     divisible = [p for p in params if p in POINTER_TYPES or p in TENSORS or (aligned_rows and ROW_STRIDES.match(p))]
