@@ -62,7 +62,8 @@ def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
     params = list(signature_params)
     constexprs = {k: v for k, v in constexprs.items() if k in params}  # SCORE_GRAD: backward kernels only
     for name, param in signature_params.items():  # constexprs left out take their defaults, as at a launch
-        if name not in constexprs and param.default is not inspect.Parameter.empty and "constexpr" in str(param.annotation):
+        has_default = param.default is not inspect.Parameter.empty
+        if name not in constexprs and has_default and "constexpr" in str(param.annotation):
             constexprs[name] = param.default
     constexprs.update({p: 1 for p in params if LAST_DIM_STRIDES.match(p)})
     aligned_rows = constexprs.get("HEAD_DIM", 16) % 16 == 0
