@@ -10,6 +10,8 @@
 #                                        # OLD_SRC (a src/ tree, as for extra) adds kernel times and masks of it;
 #                                        # TMA_AB=1 adds the grid with FLASHTILE_TMA=1
 #   bash benchmarks/gpu_final.sh checks  # compute-sanitizer, and the Hypothesis GPU property test on GPU 1
+#   bash benchmarks/gpu_final.sh gluon   # the Gluon Hopper forward (FLASHTILE_GLUON=1): its GPU tests, then the
+#                                        # d64/d128/d256 grid 1k-16k with and without it beside FA2 and cuDNN; ~400 s
 #   bash benchmarks/gpu_final.sh loops   # block-mask loops (attempt 22: runs of full tiles): masks.py (Flex
 #                                        # included), mask_tiles.py ranges (as built / run loop / tile by
 #                                        # tile); the decode append kernel (attempt 23): launch_overhead.py's
@@ -102,6 +104,18 @@ case ${1:-tests} in
       step env PYTHONPATH="$OLD_SRC" timeout 90 bash -c "$(declare -f launch); launch" >> "$OUT/launch.log" 2>&1
     fi
     cat "$OUT/masks.log" "$OUT/mask-tiles.log"; grep -E "^== |decode|case" "$OUT/launch.log"; cat "$OUT/times.txt" ;;
+  gluon)
+    # Its own grid, then test_kernels.py's other GPU tests (grid limits, 2^31 elements, torch.compile,
+    # opcheck, large inputs) with the switch on.
+    FLASHTILE_GLUON=1 OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-200}" python3 -m pytest -q \
+      -p no:cacheprovider -p no:benchmark -n "${WORKERS:-8}" --timeout=200 tests/test_gluon_fwd.py tests/test_kernels.py \
+      -m gpu -k "gluon or not gpu_grid" > "$OUT/tests-gluon.log" 2>&1
+    echo "== FLASHTILE_GLUON=1" > "$OUT/speed.log"
+    step env FLASHTILE_GLUON=1 timeout 180 python3 benchmarks/speed_table.py --headdims 64 128 256 \
+      --impls flashtile sdpa-flash sdpa-cudnn --json "$OUT/speed-gluon.json" >> "$OUT/speed.log" 2>&1
+    echo "== FLASHTILE_GLUON=0" >> "$OUT/speed.log"
+    step timeout 120 python3 benchmarks/speed_table.py --headdims 64 128 256 --impls flashtile >> "$OUT/speed.log" 2>&1
+    tail -3 "$OUT/tests-gluon.log"; grep -E "^== |  d causal|^ *(64|128|256) " "$OUT/speed.log"; cat "$OUT/times.txt" ;;
   checks)
     # The property test runs meanwhile, on the second GPU where there is one, its six shards
     # on six workers (compile-bound: most problems bring new kernels).

@@ -91,6 +91,52 @@ def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
                                                                                num_stages=num_stages))
 
 
+def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
+    """A cubin for sm_90 of a Gluon kernel taking tensor descriptors (kernels/gluon_fwd.py):
+    q_desc and o_desc carry (1, 1, BLOCK_M / 2, D) blocks, k_desc and v_desc (1, 1, BLOCK_N, D),
+    of ``constexprs["DTYPE"]`` ("bf16" or "fp16", not a kernel parameter)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    constexprs = dict(constexprs, num_warps=num_warps)
+    dtype = constexprs.pop("DTYPE")
+    element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+
+    def descriptor(rows):
+        box = [1, 1, rows, constexprs["HEAD_DIM"]]
+        return f"tensordesc<{dtype}{box},{gl.NVMMASharedLayout.get_default_for(box, element)!r}>".replace(" ", "")
+
+    params = list(inspect.signature(kernel.fn).parameters)
+    half_m, block_n = constexprs["BLOCK_M"] // 2, constexprs["BLOCK_N"]
+    typed = {"q_desc": descriptor(half_m), "o_desc": descriptor(half_m), "k_desc": descriptor(block_n),
+             "v_desc": descriptor(block_n), "LSE": "*fp32", "qk_scale": "fp32"}
+    signature = {p: "constexpr" if p in constexprs else typed.get(p, "i32") for p in params}
+    src = GluonASTSource(fn=kernel, signature=signature,
+                         constexprs={(params.index(k),): v for k, v in constexprs.items()},
+                         attrs={(params.index("LSE"),): [["tt.divisibility", 16]]})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+
+
+def gluon_variants(quick: bool):
+    """The Gluon forward's variants: (name, kernel, constexprs, warps); none where this Triton
+    has no Gluon Hopper support (the forward then always runs fwd.py)."""
+    from flashtile.kernels import hopper
+
+    if hopper._gluon() is None:
+        print("skip gluon fwd: this Triton has no Gluon Hopper support")
+        return
+    _fwd_pingpong_kernel = hopper._gluon()[0]._fwd_pingpong_kernel
+
+    cases = [(128, True, "bf16", 2)] if quick else [
+        (128, False, "bf16", 2), (128, True, "bf16", 3), (128, True, "fp16", 2), (64, False, "fp16", 3),
+        (64, True, "bf16", 3), (256, True, "bf16", 2)]
+    for d, causal, dtype, stages in cases:
+        yield (f"gluon fwd d={d} {'causal' if causal else 'full'} {dtype} s{stages}", _fwd_pingpong_kernel,
+               dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=64 if d > 128 else 128, NUM_STAGES=stages, CAUSAL=causal,
+                    LOADER_REGS=24,
+                    CONSUMER_REGS=240, DTYPE=dtype), 4)
+
+
 # The attention kernels' option flags with every option off (tile sizes and head dims apart).
 PLAIN = dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_BIAS=False, HAS_DROPOUT=False,
              IS_VARLEN=False, DOT_PRECISION="ieee", MASK_MOD=None, SCORE_MOD=None, SCORE_GRAD=None, USE_TMA=False)
@@ -207,10 +253,12 @@ def main(argv=None) -> int:
     if args.smem:
         return check_smem_estimates()
     failures = 0
-    for name, kernel, constexprs, warps, stages in variants(args.quick):
+    everything = [*variants(args.quick), *((*g, None) for g in gluon_variants(args.quick))]
+    for name, kernel, constexprs, warps, stages in everything:
         start = time.perf_counter()
         try:
-            compiled = compile_variant(kernel, constexprs, warps, stages)
+            compiled = (compile_variant(kernel, constexprs, warps, stages) if stages is not None
+                        else compile_gluon_variant(kernel, constexprs, warps))
         except Exception as err:  # noqa: BLE001 - report every failing variant, then fail
             failures += 1
             print(f"FAIL {name}: {type(err).__name__}: {str(err).splitlines()[-1][:200]}", flush=True)

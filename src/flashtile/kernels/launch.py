@@ -15,7 +15,7 @@ import triton
 from triton.runtime.errors import OutOfResources
 
 from ..masks import Band
-from . import autotune, tma
+from . import autotune, hopper, tma
 from .bwd import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
 from .configs import backward_configs, forward_config
 from .padding import fill_rows_outside
@@ -192,6 +192,9 @@ def attention_forward_triton(
     bias: broadcastable to (B, Hq, Sq, Sk); dropout uses the counter-based keep-mask of
     ``dropout_seed``, a one-element int64 tensor on the device (see reference/philox.py).
     """
+    if hopper.eligible(q, k, v, out, band, softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
+                       dropout_p=dropout_p, varlen=varlen, block_mask=block_mask, score_mod=score_mod):
+        return hopper.forward(q, k, v, out, softmax_scale, causal=band.right == 0)
     heads_q, head_dim = q.shape[1], q.shape[3]
     heads_kv = k.shape[1]
     batch, seqlen_q, seqlen_k = _problem(q, k, varlen)

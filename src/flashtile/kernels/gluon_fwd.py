@@ -1,0 +1,239 @@
+"""Hopper forward in Gluon: one TMA loader warp and two ping-pong consumer warpgroups.
+
+The plain Triton forward (fwd.py) leaves the schedule to the compiler; on sm_90 that gives
+one instruction stream where the softmax waits for the matmuls. This kernel spells the
+schedule out, as FlashAttention-3 does, in Triton's Gluon dialect:
+
+- a **loader** warp issues every copy: Q once, then K and V tiles through a ring of
+  NUM_STAGES shared-memory slots, each slot with a "ready" mbarrier (the copy landed) and
+  an "empty" one (both consumers are done with it);
+- two **consumer** warpgroups (4 warps each) own 64 query rows apiece. Each computes
+  S = Q Kᵀ and O += P V with wgmma, P fed from registers, and runs the online softmax.
+  Being separate partitions, they only meet at the "empty" barriers, so one's softmax
+  overlaps the other's matmuls (measured: attempt 26 in docs/performance.md).
+
+Tiles travel through 4-D tensor descriptors of the (B, H, S, D) views, so any strides
+TMA can address work (bshd or bhsd), rows past a sequence's end arrive as zeros and the
+output's TMA store stops at its edge. Within a warpgroup, S of tile j+1 is issued before
+O += P_j V_j, and the softmax of tile j+1 runs while that product is in flight.
+
+Covered: dense batches, bf16/fp16, head dims 64, 128 and 256, any lengths,
+causal (bottom-right aligned) or not, GQA. Everything else runs on fwd.py. There is no
+interpreter for Gluon: the tests of this kernel run on a GPU.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                             warpgroup_mma_wait)
+
+# Triton 3.7 renamed the TMA copies (3.6: async_copy_global_to_shared / _shared_to_global);
+# the old names still exist in 3.9 but fail when compiled.
+if hasattr(tma, "async_load"):
+    _tma_load = tma.async_load
+    _tma_store = tma.async_store
+else:
+    _tma_load = tma.async_copy_global_to_shared
+    _tma_store = tma.async_copy_shared_to_global
+
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.constexpr_function
+def _accumulator_layout(num_warps, columns):
+    # wgmma's register layout of an (M, columns) float32 accumulator: 16-bit inputs take
+    # instructions of 16 rows × columns × 16; the warps stack along M.
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, columns, 16])
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
+            batch, head, head_kv, q_start, n_tiles, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            NUM_STAGES: gl.constexpr):
+    """One warp: the two halves of the Q tile, then K and V tile j into slot j % NUM_STAGES
+    once both consumers have released the slot's previous tile."""
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    _tma_load(q_desc, [batch, head, q_start, 0], q_ready, q_smem.index(0))
+    _tma_load(q_desc, [batch, head, q_start + HALF_M, 0], q_ready, q_smem.index(1))
+    for j in range(n_tiles):
+        slot = j % NUM_STAGES
+        # A new mbarrier counts as having completed the phase before 0, so the first lap
+        # round the ring passes the "empty" waits at once.
+        free_phase = ((j // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(slot), free_phase)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [batch, head_kv, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), free_phase)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        _tma_load(v_desc, [batch, head_kv, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _softmax_update(s, m_i, l_i, rows, tile_start, seqlen_k, shift, diagonal, qk_scale, s_layout: gl.constexpr,
+                    BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """One online-softmax step on the raw scores s (rows × BLOCK_N, float32).
+
+    Returns P (unnormalised, float32), the factor alpha that rescales the running output,
+    and the new running max (log2 units) and sum. Query row r sees keys up to
+    r + ``shift`` (seqlen_k - seqlen_q: bottom-right aligned); ``diagonal`` is that bound
+    for the warpgroup's first row.
+    """
+    s = s * qk_scale
+    # Only tiles that cross the end of the keys or the causal diagonal are masked: a
+    # branch uniform across the warpgroup keeps the index math out of the other tiles.
+    crosses_end = tile_start + BLOCK_N > seqlen_k
+    if CAUSAL:
+        crosses = crosses_end | (tile_start + BLOCK_N - 1 > diagonal)
+    else:
+        crosses = crosses_end
+    if crosses:
+        cols = tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = (cols < seqlen_k)[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= (rows + shift)[:, None])
+        s = gl.where(visible, s, -float("inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    # A row that has seen no key yet keeps m = -inf; exp2(-inf - 0) = 0 instead of NaN.
+    m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)
+    p = gl.exp2(s - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc,
+              LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
+              HEAD_DIM: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """One warpgroup: rows [q_start + half·HALF_M, +HALF_M) of the Q tile, every K/V tile."""
+    s_layout: gl.constexpr = _accumulator_layout(4, BLOCK_N)
+    o_layout: gl.constexpr = _accumulator_layout(4, HEAD_DIM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = q_smem.dtype
+
+    first_row = q_start + half * HALF_M
+    rows = first_row + gl.arange(0, HALF_M, layout=s_rows)
+    shift = seqlen_k - seqlen_q
+    diagonal = first_row + shift
+    q_tile = q_smem.index(half).reshape([HALF_M, HEAD_DIM])
+    m_i = gl.full([HALF_M], -float("inf"), gl.float32, layout=s_rows)
+    l_i = gl.full([HALF_M], 0.0, gl.float32, layout=s_rows)
+    acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
+
+    mbarrier.wait(q_ready, 0)
+    # Tile 0: S and its softmax (n_tiles >= 1 always: see the kernel).
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q_tile, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                      use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, rows, 0, seqlen_k, shift, diagonal, qk_scale, s_layout,
+                                         BLOCK_N, CAUSAL)
+    for j in range(1, n_tiles):
+        slot = j % NUM_STAGES
+        previous = (j - 1) % NUM_STAGES
+        # Issue S_j = Q K_jᵀ, then O += P_{j-1} V_{j-1}; wait for S_j alone and run its
+        # softmax while the second product is in flight.
+        mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
+        s = warpgroup_mma(q_tile, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                          use_acc=False, is_async=True)
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        p_low = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.wait(v_ready.index(previous), ((j - 1) // NUM_STAGES) & 1)
+        acc = warpgroup_mma(p_low, v_smem.index(previous).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s, ))
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, rows, j * BLOCK_N, seqlen_k, shift, diagonal, qk_scale,
+                                             s_layout, BLOCK_N, CAUSAL)
+        acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
+        mbarrier.arrive(v_empty.index(previous), count=1)
+    last = (n_tiles - 1) % NUM_STAGES
+    acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+    p_low = gl.convert_layout(p.to(dtype), p_layout)
+    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // NUM_STAGES) & 1)
+    acc = warpgroup_mma(p_low, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+    acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
+    mbarrier.arrive(v_empty.index(last), count=1)
+
+    # Epilogue: rows that saw no key (l = 0) give O = 0 and LSE = -inf, as fwd.py does.
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, -float("inf"), (m_i + gl.log2(l_safe)) * LN2)
+    gl.store(LSE_head + rows, lse, mask=rows < seqlen_q)
+    out = acc * gl.convert_layout(1.0 / l_safe, o_rows)[:, None]
+    # Q is dead once its last product retired: its buffer stages O for the TMA store,
+    # which writes only the rows inside the tensor.
+    q_tile.store(out.to(dtype))
+    fence_async_shared()
+    _tma_store(o_desc, [batch, head, first_row, 0], q_smem.index(half))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _fwd_pingpong_kernel(
+    q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh,
+    num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, qk_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
+
+    Launch with num_warps=4 (the default partition is the first consumer) on a 1-D grid of
+    num_m_blocks × B × Hq programs, Q tiles fastest. Descriptors: q_desc and o_desc over
+    (B, Hq, Sq, D) with a (1, 1, BLOCK_M / 2, D) block, k_desc and v_desc over
+    (B, Hkv, Sk, D) with (1, 1, BLOCK_N, D).
+    """
+    gl.static_assert(num_warps == 4)
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = q_desc.dtype
+    pid = gl.program_id(0)
+    block_m = pid % num_m_blocks
+    bh = pid // num_m_blocks
+    batch = bh // num_heads_q
+    head = bh % num_heads_q
+    if CAUSAL:  # the last Q tiles see the most keys: start them first
+        block_m = num_m_blocks - 1 - block_m
+    head_kv = head // group_size
+    q_start = block_m * BLOCK_M
+    if CAUSAL:  # keys up to the tile's last row's diagonal (bottom-right aligned)
+        kv_end = gl.minimum(seqlen_k, gl.maximum(q_start + BLOCK_M + seqlen_k - seqlen_q, 0))
+    else:
+        kv_end = seqlen_k
+    # At least one tile: rows that see no key at all still run (masked) and write O = 0,
+    # LSE = -inf; the host never launches with seqlen_k = 0.
+    n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
+    LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_M, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(v_empty.index(i), count=2)
+    fence_async_shared()  # the inits visible to the TMA unit before its first copy
+
+    # (argument tuples written out: building one as (0,) + rest does not trace)
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
+                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES,
+                     CAUSAL)),
+        (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
+                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES,
+                     CAUSAL)),
+        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, batch,
+                   head, head_kv, q_start, n_tiles, HALF_M, BLOCK_N, NUM_STAGES)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

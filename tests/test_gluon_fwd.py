@@ -1,0 +1,87 @@
+"""The Gluon Hopper forward (kernels/gluon_fwd.py, taken with FLASHTILE_GLUON=1).
+
+Gluon has no interpreter, so the oracle tests need an sm_90 GPU; on the CPU the kernel is
+compiled for sm_90 by tests/test_compile_check.py, and the choice of path is tested here.
+The backward after a Gluon forward is the Triton one, fed the Gluon forward's LSE: the
+gradients are checked too.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import flashtile
+from flashtile.kernels import hopper
+from flashtile.masks import Band
+from test_kernels import check_case
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.fixture
+def gluon_calls(monkeypatch):
+    """FLASHTILE_GLUON=1, and the list of q shapes the Gluon forward ran on."""
+    monkeypatch.setenv("FLASHTILE_GLUON", "1")
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    calls = []
+    run = hopper.forward
+
+    def counted(q, *args, **kwargs):
+        calls.append(tuple(q.shape))
+        return run(q, *args, **kwargs)
+
+    monkeypatch.setattr(hopper, "forward", counted)
+    return calls
+
+
+def test_the_gluon_forward_is_opt_in_and_never_taken_off_hopper(monkeypatch):
+    q = torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
+    plain = dict(softcap=0.0, alibi_slopes=None, bias=None, dropout_p=0.0, varlen=None, block_mask=None,
+                 score_mod=None)
+    monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
+    assert not hopper.requested()
+    monkeypatch.setenv("FLASHTILE_GLUON", "1")
+    assert hopper.requested()
+    # CPU tensors (and the interpreter) keep the Triton forward whatever the switch says.
+    assert not hopper.eligible(q, q, q, q, Band(None, 0), **plain)
+
+
+GRID = [
+    (dtype, d, sq_sk, causal)
+    for dtype, d, sq_sk, causal in itertools.product(
+        [torch.bfloat16, torch.float16], [64, 128, 256],
+        [(1, 1), (17, 17), (113, 203), (203, 113), (128, 128), (1023, 1023), (4097, 1024), (1, 1023), (1023, 17),
+         (256, 4097)],
+        [False, True])
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
+@pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID,
+                         ids=[f"{str(g[0])[6:]}-d{g[1]}-q{g[2][0]}k{g[2][1]}-{'causal' if g[3] else 'full'}"
+                              for g in GRID])
+def test_gpu_gluon_forward_grid(gluon_calls, dtype, headdim, seqlens, causal):
+    sq, sk = seqlens
+    index = GRID.index((dtype, headdim, seqlens, causal))
+    heads_q, heads_kv = [(8, 1), (8, 2), (4, 4)][index % 3]  # GQA ratios rotate through the grid
+    layout = ["bshd", "bhsd"][(index // 3) % 2]
+    check_case(2 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q, heads_kv, headdim, dtype, causal=causal,
+               layout=layout, bhsd_as_view=index % 4 < 2)
+    assert gluon_calls, "the call did not take the Gluon forward"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
+def test_gpu_gluon_forward_leaves_what_it_does_not_cover_to_triton(gluon_calls):
+    q, k, v = (torch.randn(1, 300, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for options in (dict(softcap=20.0), dict(window_size=(64, 0)), dict(causal=True, dropout_p=0.1)):
+        flashtile.attention(q, k, v, **options)
+    flashtile.attention(q[..., :96], k[..., :96], v[..., :96])  # head dim 96: not a kernel of it
+    flashtile.attention(q.float(), k.float(), v.float())
+    assert gluon_calls == []
+    flashtile.attention(q, k, v, causal=True)
+    assert gluon_calls == [(1, 4, 300, 128)]  # the head-major view the launch sees
