@@ -59,7 +59,9 @@ GRID = [
 ]
 
 
+# A copy that never lands would hang the kernel on its barrier: a timeout turns that into a failure.
 @pytest.mark.gpu
+@pytest.mark.timeout(300)
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID,
                          ids=[f"{str(g[0])[6:]}-d{g[1]}-q{g[2][0]}k{g[2][1]}-{'causal' if g[3] else 'full'}"
@@ -75,6 +77,7 @@ def test_gpu_gluon_forward_grid(gluon_calls, dtype, headdim, seqlens, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(300)
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
 def test_gpu_gluon_forward_leaves_what_it_does_not_cover_to_triton(gluon_calls):
     q, k, v = (torch.randn(1, 300, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))

@@ -129,7 +129,7 @@ def gluon_variants(quick: bool):
 
     cases = [(128, True, "bf16", 2)] if quick else [
         (128, False, "bf16", 2), (128, True, "bf16", 3), (128, True, "fp16", 2), (64, False, "fp16", 3),
-        (64, True, "bf16", 3), (256, True, "bf16", 2)]
+        (64, True, "bf16", 3), (256, True, "bf16", 2), (256, False, "fp16", 2)]
     for d, causal, dtype, stages in cases:
         yield (f"gluon fwd d={d} {'causal' if causal else 'full'} {dtype} s{stages}", _fwd_pingpong_kernel,
                dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=64 if d > 128 else 128, NUM_STAGES=stages, CAUSAL=causal,

@@ -29,7 +29,10 @@ def requested() -> bool:
 @functools.lru_cache(maxsize=None)
 def _gluon():
     """The kernel module and Gluon's language and descriptor classes, or None where this
-    Triton has no Gluon Hopper support (it arrived in Triton 3.5)."""
+    Triton's Gluon is older than the kernel: 3.5 has every name imported here, but its
+    ``warp_specialize`` takes other arguments, so 3.6 is the first the kernel builds with."""
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 6):
+        return None
     try:
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -52,7 +55,7 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
              and block_mask is None and score_mod is None and band.left is None and band.right in (None, 0))
     if not plain or q.dtype not in (torch.bfloat16, torch.float16) or q.shape[3] not in (64, 128, 256):
         return False
-    if q.shape[2] == 0 or k.shape[2] == 0:
+    if q.numel() == 0 or k.numel() == 0:  # the public API rejects these; a direct op call may not
         return False
     return all(tma.addressable(t) for t in (q, k, v, out)) and _gluon() is not None
 
