@@ -12,6 +12,8 @@
 #   bash benchmarks/gpu_final.sh checks  # compute-sanitizer, and the Hypothesis GPU property test on GPU 1
 #   bash benchmarks/gpu_final.sh gluon   # the Gluon Hopper forward (FLASHTILE_GLUON=1): its GPU tests, then the
 #                                        # d64/d128/d256 grid 1k-16k with and without it beside FA2 and cuDNN; ~400 s
+#   bash benchmarks/gpu_final.sh gluon-bwd  # the Gluon backward probe (benchmarks/probes/gluon_bwd): its oracle
+#                                        # cases against autograd, then its timing beside SDPA; ~90 s
 #   bash benchmarks/gpu_final.sh loops   # block-mask loops (attempt 22: runs of full tiles): masks.py (Flex
 #                                        # included), mask_tiles.py ranges (as built / run loop / tile by
 #                                        # tile); the decode append kernel (attempt 23): launch_overhead.py's
@@ -116,6 +118,9 @@ case ${1:-tests} in
     echo "== FLASHTILE_GLUON=0" >> "$OUT/speed.log"
     step timeout 120 python3 benchmarks/speed_table.py --headdims 64 128 256 --impls flashtile >> "$OUT/speed.log" 2>&1
     tail -3 "$OUT/tests-gluon.log"; grep -E "^== |  d causal|^ *(64|128|256) " "$OUT/speed.log"; cat "$OUT/times.txt" ;;
+  gluon-bwd)
+    step timeout "${PROBE_LIMIT:-150}" python3 benchmarks/probes/gluon_bwd/check_bwd.py > "$OUT/gluon-bwd.log" 2>&1
+    grep -v "Warn" "$OUT/gluon-bwd.log" | tail -40; cat "$OUT/times.txt" ;;
   checks)
     # The property test runs meanwhile, on the second GPU where there is one, its six shards
     # on six workers (compile-bound: most problems bring new kernels).

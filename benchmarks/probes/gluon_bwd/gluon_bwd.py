@@ -1,0 +1,391 @@
+"""Hopper (sm_90) FlashAttention backward in Triton's Gluon dialect: dK/dV and dQ kernels.
+
+PROTOTYPE, compile-checked for sm_90a on triton 3.6 and 3.9; never run on a GPU when written.
+
+Conventions (as flashtile/kernels/bwd.py): q, dO, dq are (B, Hq, Sq, D) views, k, v, dk, dv
+(B, Hkv, Sk, D); LSE natural log; Delta = rowsum(dO * O); P = exp2(S * qk_scale - lse2) with
+qk_scale = softmax_scale * log2(e) and lse2 = LSE * log2(e) (+inf for rows that saw no key and
+for padding rows, so their P is exactly 0); causal is bottom-right aligned (query i sees key j
+iff j <= i + Sk - Sq); GQA: query head h reads kv head h // (Hq / Hkv).
+
+The preprocessing (hopper_bwd.py) writes lse2 and Delta to (B*Hq, S_pad) float32 buffers,
+S_pad a multiple of 128, padding rows lse2 = +inf, Delta = 0. Rows past a sequence's end
+then need no mask anywhere: TMA zero-fills Q/dO/K/V rows outside the (B, H, S, D) view, P
+there is exp2(-inf) = 0, and the TMA stores clip at the tensor's edge.
+
+dK/dV kernel (`_dkdv_kernel`), one CTA per (128-key tile, batch, kv head), num_warps=4 plus
+workers: partitions = consumer warpgroup 0 (default, keys [n0, n0+64)), consumer warpgroup 1
+(worker, keys [n0+64, n0+128)), loader (1 warp). The loader TMA-loads the two K and V halves
+once, then streams (Q, lse2) and (dO, Delta) tiles of 64 query rows through a NUM_STAGES ring
+(ready barriers count 1 + tx bytes, one "empty" barrier per slot with count 2), over every
+query head of the GQA group. Per tile each consumer warpgroup computes, in the transposed
+orientation (keys as rows):
+    S^T  = K Q^T            wgmma, A = K (smem), B = Q^T (permuted smem view)   64 x 64
+    dP^T = V dO^T           wgmma, A = V (smem), B = dO^T                        64 x 64
+    P^T  = exp2(S^T * qk_scale - lse2[None, :])   (causal mask on diagonal tiles only)
+    dV  += P^T dO           wgmma, A = P^T from registers (DotOperandLayout), B = dO (smem)
+    dS^T = P^T * (dP^T - Delta[None, :])
+    dK  += dS^T Q           wgmma, A = dS^T from registers, B = Q (smem)
+dK (times softmax_scale) and dV are staged in the dead K/V smem halves and TMA-stored.
+
+dQ kernel (`_dq_kernel`), one CTA per (128-row Q tile, batch, q head), same partitions: each
+consumer owns 64 query rows; the loader loads Q, dO halves once and streams K, V tiles of
+BLOCK_N keys through a ring with separate K/V ready and empty barriers (as the forward):
+    S = Q K^T, dP = dO V^T, P = exp2(S * qk_scale - lse2[:, None]), dS = P * (dP - Delta),
+    dQ += dS K  (dS from registers, K from smem); dQ * softmax_scale staged in Q's smem.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                             warpgroup_mma_wait)
+
+if hasattr(tma, "async_load"):  # triton >= 3.7
+    _tma_load = tma.async_load
+    _tma_store = tma.async_store
+else:  # triton 3.6
+    _tma_load = tma.async_copy_global_to_shared
+    _tma_store = tma.async_copy_shared_to_global
+
+
+@gluon.constexpr_function
+def _accumulator_layout(num_warps, columns):
+    # wgmma accumulator (M x columns, fp32) for 16-bit inputs; warps stacked along M.
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, columns, 16])
+
+
+# ----------------------------------------------------------------------------------------------
+# dK / dV
+# ----------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
+                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
+                 kv_ready, q_ready, do_ready, empty,
+                 batch, head_kv, n_start, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
+                 HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """One warp: K, V halves once; then (Q, lse2) and (dO, Delta) of every visited Q tile of
+    every query head of the group, tile `it` into slot it % NUM_STAGES."""
+    for h in gl.static_range(2):
+        mbarrier.expect(kv_ready.index(h), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _tma_load(k_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), k_smem.index(h))
+        _tma_load(v_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), v_smem.index(h))
+    # Counters carried through the loop instead of divisions: slot/phase of the ring, the
+    # Q tile within the head (m_start) and the head of the group (row of the stats buffers).
+    total = group_size * n_q_tiles
+    slot = 0
+    phase = 0
+    m_start = first_tile * BLOCK_M
+    head = head_kv * group_size
+    for it in range(total):
+        row = batch * heads_q + head
+        # a fresh mbarrier has completed the phase "before 0": the first lap passes at once
+        mbarrier.wait(empty.index(slot), phase ^ 1)
+        mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
+        _tma_load(q_desc, [batch, head, m_start, 0], q_ready.index(slot), q_smem.index(slot))
+        _tma_load(lse_desc, [row, m_start], q_ready.index(slot), lse_smem.index(slot))
+        mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        _tma_load(do_desc, [batch, head, m_start, 0], do_ready.index(slot), do_smem.index(slot))
+        _tma_load(delta_desc, [row, m_start], do_ready.index(slot), delta_smem.index(slot))
+        m_start += BLOCK_M
+        if m_start == n_q_blocks * BLOCK_M:
+            m_start = first_tile * BLOCK_M
+            head += 1
+        slot += 1
+        if slot == NUM_STAGES:
+            slot = 0
+            phase ^= 1
+
+
+@gluon.jit
+def _dkdv_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
+                   kv_ready, q_ready, do_ready, empty, dk_desc, dv_desc,
+                   batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, n_q_blocks, group_size,
+                   qk_scale, softmax_scale,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                   CAUSAL: gl.constexpr):
+    """One warpgroup: keys [n_start + half*HALF_N, +HALF_N), every streamed Q tile."""
+    s_layout: gl.constexpr = _accumulator_layout(4, BLOCK_M)  # S^T, dP^T: HALF_N keys x BLOCK_M queries
+    kv_layout: gl.constexpr = _accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N x HEAD_DIM
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query (column of S^T)
+    dtype: gl.constexpr = k_smem.dtype
+
+    key_first = n_start + half * HALF_N
+    keys = key_first + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
+    shift = seqlen_k - seqlen_q
+    k_tile = k_smem.index(half).reshape([HALF_N, HEAD_DIM])
+    v_tile = v_smem.index(half).reshape([HALF_N, HEAD_DIM])
+    dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
+
+    mbarrier.wait(kv_ready.index(half), 0)
+    total = group_size * n_q_tiles
+    for it in range(total):
+        # (divisions rather than carried counters: three more live registers made ptxas 12.8
+        # spill 44 B in the causal d128 variant)
+        g = it // n_q_tiles
+        m_start = (first_tile + it - g * n_q_tiles) * BLOCK_M
+        slot = it % NUM_STAGES
+        phase = (it // NUM_STAGES) & 1
+        q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        mbarrier.wait(q_ready.index(slot), phase)
+        mbarrier.wait(do_ready.index(slot), phase)
+        # Causal: this warpgroup's first key is seen from query key_first - shift on; the
+        # CTA's first Q tile is chosen for warpgroup 0, warpgroup 1 may skip it (but still
+        # waits for the copies and releases the slot).
+        run = True
+        if CAUSAL:
+            run = key_first <= m_start + BLOCK_M - 1 + shift
+        if run:
+            s = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dp = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s, ))
+            lse2 = lse_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
+            s = s * qk_scale - lse2[None, :]
+            if CAUSAL:  # mask only tiles that cross the diagonal: some key > some query + shift
+                if key_first + HALF_N - 1 > m_start + shift:
+                    queries = m_start + gl.arange(0, BLOCK_M, layout=col_layout)
+                    s = gl.where(keys[:, None] <= (queries + shift)[None, :], s, -float("inf"))
+            p = gl.exp2(s)
+            p16 = gl.convert_layout(p.to(dtype), a_layout, assert_trivial=True)
+            dv = warpgroup_mma(p16, do_tile, dv, is_async=True)
+            dp = warpgroup_mma_wait(1, deps=(dp, ))  # S^T, dP^T done; dV may still run
+            delta = delta_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
+            ds = p * (dp - delta[None, :])
+            ds16 = gl.convert_layout(ds.to(dtype), a_layout, assert_trivial=True)
+            dk = warpgroup_mma(ds16, q_tile, dk, is_async=True)
+            dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv, dk, p16, ds16))
+        mbarrier.arrive(empty.index(slot), count=1)
+
+    # Epilogue: K and V halves are dead (every wgmma reading them retired): stage dK, dV there.
+    k_tile.store((dk * softmax_scale).to(dtype))
+    v_tile.store(dv.to(dtype))
+    fence_async_shared()
+    _tma_store(dk_desc, [batch, head_kv, key_first, 0], k_smem.index(half))
+    _tma_store(dv_desc, [batch, head_kv, key_first, 0], v_smem.index(half))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _dkdv_kernel(
+    q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc,
+    heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, qk_scale, softmax_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile of one kv head.
+
+    Grid: num_n_blocks * B * Hkv programs, key tiles fastest; num_warps=4. Descriptors:
+    q/do over (B, Hq, Sq, D) with (1, 1, BLOCK_M, D) blocks; k/v/dk/dv over (B, Hkv, Sk, D)
+    with (1, 1, BLOCK_N / 2, D); lse/delta over the (B*Hq, S_pad) float32 buffers with (1, BLOCK_M).
+    """
+    gl.static_assert(num_warps == 4)
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    dtype: gl.constexpr = q_desc.dtype
+    pid = gl.program_id(0)
+    block_n = pid % num_n_blocks
+    bh = pid // num_n_blocks
+    batch = bh // heads_kv
+    head_kv = bh % heads_kv
+    n_start = block_n * BLOCK_N
+    n_q_blocks = gl.cdiv(seqlen_q, BLOCK_M)
+    if CAUSAL:
+        # first Q tile with a row that sees key n_start: t*BLOCK_M + BLOCK_M - 1 + shift >= n_start
+        first_tile = gl.cdiv(gl.maximum(n_start - (seqlen_k - seqlen_q) - (BLOCK_M - 1), 0), BLOCK_M)
+        first_tile = gl.minimum(first_tile, n_q_blocks)
+    else:
+        first_tile = n_start * 0
+    n_q_tiles = n_q_blocks - first_tile
+
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_N, HEAD_DIM], v_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], lse_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], delta_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(kv_ready.index(i), count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_dkdv_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready,
+                          empty, dk_desc, dv_desc, batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles,
+                          n_q_blocks, group_size, qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES,
+                          CAUSAL)),
+        (_dkdv_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready,
+                          empty, dk_desc, dv_desc, batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles,
+                          n_q_blocks, group_size, qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES,
+                          CAUSAL)),
+        (_dkdv_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+                        lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty, batch, head_kv, n_start, heads_q,
+                        group_size, first_tile, n_q_tiles, n_q_blocks, HALF_N, BLOCK_M, NUM_STAGES)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------
+# dQ
+# ----------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _dq_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
+               q_ready, k_ready, v_ready, k_empty, v_empty,
+               batch, head, head_kv, q_start, n_tiles,
+               HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """One warp: Q and dO halves once, then K and V tile j into slot j % NUM_STAGES."""
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
+    for h in gl.static_range(2):
+        _tma_load(q_desc, [batch, head, q_start + h * HALF_M, 0], q_ready, q_smem.index(h))
+        _tma_load(do_desc, [batch, head, q_start + h * HALF_M, 0], q_ready, do_smem.index(h))
+    for j in range(n_tiles):
+        slot = j % NUM_STAGES
+        free_phase = ((j // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(slot), free_phase)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [batch, head_kv, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), free_phase)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        _tma_load(v_desc, [batch, head_kv, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _dq_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
+                 dq_desc, LSE2_row, Delta_row, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
+                 softmax_scale, HEAD_DIM: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """One warpgroup: query rows [q_start + half*HALF_M, +HALF_M), every K/V tile."""
+    s_layout: gl.constexpr = _accumulator_layout(4, BLOCK_N)  # S, dP: HALF_M x BLOCK_N
+    q_layout: gl.constexpr = _accumulator_layout(4, HEAD_DIM)  # dQ: HALF_M x HEAD_DIM
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=q_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    dtype: gl.constexpr = q_smem.dtype
+
+    first_row = q_start + half * HALF_M
+    rows = first_row + gl.arange(0, HALF_M, layout=row_layout)
+    shift = seqlen_k - seqlen_q
+    # padded buffers (S_pad, a multiple of 128): no mask; padding rows have lse2 = +inf
+    lse2 = gl.load(LSE2_row + rows)
+    delta = gl.load(Delta_row + rows)
+    q_tile = q_smem.index(half).reshape([HALF_M, HEAD_DIM])
+    do_tile = do_smem.index(half).reshape([HALF_M, HEAD_DIM])
+    dq = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=q_layout)
+    s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
+
+    mbarrier.wait(q_ready, 0)
+    for j in range(n_tiles):
+        slot = j % NUM_STAGES
+        phase = (j // NUM_STAGES) & 1
+        tile_start = j * BLOCK_N
+        k_tile = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+        v_tile = v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+        mbarrier.wait(k_ready.index(slot), phase)
+        mbarrier.wait(v_ready.index(slot), phase)
+        run = True
+        if CAUSAL:  # warpgroup 0 may see none of the CTA's last tile
+            run = tile_start <= first_row + HALF_M - 1 + shift
+        if run:
+            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dp = warpgroup_mma(do_tile, v_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s, ))
+            s = s * qk_scale - lse2[:, None]
+            # Only tiles crossing the end of the keys (rows of K are zero there, but P must be 0
+            # so no inf * 0 can reach dQ) or the causal diagonal are masked.
+            crosses = tile_start + BLOCK_N > seqlen_k
+            if CAUSAL:
+                crosses = crosses | (tile_start + BLOCK_N - 1 > first_row + shift)
+            if crosses:
+                cols = tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                visible = (cols < seqlen_k)[None, :]
+                if CAUSAL:
+                    visible = visible & (cols[None, :] <= (rows + shift)[:, None])
+                s = gl.where(visible, s, -float("inf"))
+            p = gl.exp2(s)
+            dp = warpgroup_mma_wait(0, deps=(dp, ))
+            ds = p * (dp - delta[:, None])
+            ds16 = gl.convert_layout(ds.to(dtype), a_layout, assert_trivial=True)
+            dq = warpgroup_mma(ds16, k_tile, dq, is_async=True)
+            dq, ds16 = warpgroup_mma_wait(0, deps=(dq, ds16))
+        mbarrier.arrive(v_empty.index(slot), count=1)
+        mbarrier.arrive(k_empty.index(slot), count=1)
+
+    # Q's half is dead: stage dQ there for the TMA store (clipped at the sequence's end).
+    q_tile.store((dq * softmax_scale).to(dtype))
+    fence_async_shared()
+    _tma_store(dq_desc, [batch, head, first_row, 0], q_smem.index(half))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _dq_kernel(
+    q_desc, do_desc, k_desc, v_desc, dq_desc, LSE2, Delta, stride_lrow,
+    heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, qk_scale, softmax_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    """dQ (B, Hq, Sq, D) of one BLOCK_M-row Q tile of one head.
+
+    Grid: num_m_blocks * B * Hq, Q tiles fastest; num_warps=4. Descriptors: q/do/dq over
+    (B, Hq, Sq, D) with (1, 1, BLOCK_M / 2, D) blocks, k/v over (B, Hkv, Sk, D) with
+    (1, 1, BLOCK_N, D). LSE2, Delta: (B*Hq, S_pad) float32, row stride stride_lrow.
+    """
+    gl.static_assert(num_warps == 4)
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = q_desc.dtype
+    pid = gl.program_id(0)
+    block_m = pid % num_m_blocks
+    bh = pid // num_m_blocks
+    batch = bh // heads_q
+    head = bh % heads_q
+    if CAUSAL:  # the last Q tiles see the most keys: start them first
+        block_m = num_m_blocks - 1 - block_m
+    head_kv = head // group_size
+    q_start = block_m * BLOCK_M
+    if CAUSAL:
+        kv_end = gl.minimum(seqlen_k, gl.maximum(q_start + BLOCK_M + seqlen_k - seqlen_q, 0))
+    else:
+        kv_end = seqlen_k
+    n_tiles = gl.cdiv(kv_end, BLOCK_N)  # may be 0 (causal, Sq > Sk): dQ = 0 is written
+    LSE2_row = LSE2 + bh.to(gl.int64) * stride_lrow
+    Delta_row = Delta + bh.to(gl.int64) * stride_lrow
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_M, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_dq_consumer, (0, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, dq_desc,
+                        LSE2_row, Delta_row, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
+                        softmax_scale, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, CAUSAL)),
+        (_dq_consumer, (1, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, dq_desc,
+                        LSE2_row, Delta_row, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
+                        softmax_scale, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, CAUSAL)),
+        (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
+                      k_empty, v_empty, batch, head, head_kv, q_start, n_tiles, HALF_M, BLOCK_N, NUM_STAGES)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
