@@ -110,7 +110,7 @@ case ${1:-tests} in
     # Its own grid, then test_kernels.py's other GPU tests (grid limits, 2^31 elements, torch.compile,
     # opcheck, large inputs) with the switch on.
     FLASHTILE_GLUON=1 OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-200}" python3 -m pytest -q \
-      -p no:cacheprovider -p no:benchmark -n "${WORKERS:-8}" --timeout=200 tests/test_gluon_fwd.py tests/test_kernels.py \
+      -p no:cacheprovider -p no:benchmark -n "${WORKERS:-8}" --timeout=200 tests/test_gluon.py tests/test_kernels.py \
       -m gpu -k "gluon or not gpu_grid" > "$OUT/tests-gluon.log" 2>&1
     echo "== FLASHTILE_GLUON=1" > "$OUT/speed.log"
     step env FLASHTILE_GLUON=1 timeout 180 python3 benchmarks/speed_table.py --headdims 64 128 256 \

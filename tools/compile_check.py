@@ -92,49 +92,66 @@ def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
 
 
 def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
-    """A cubin for sm_90 of a Gluon kernel taking tensor descriptors (kernels/gluon_fwd.py):
-    q_desc and o_desc carry (1, 1, BLOCK_M / 2, D) blocks, k_desc and v_desc (1, 1, BLOCK_N, D),
-    of ``constexprs["DTYPE"]`` ("bf16" or "fp16", not a kernel parameter)."""
+    """A cubin for sm_90 of a Gluon kernel taking tensor descriptors (kernels/gluon_fwd.py,
+    gluon_bwd.py). Three keys of ``constexprs`` are not kernel parameters: DTYPE ("bf16" or
+    "fp16"), and Q_ROWS and KV_ROWS, the rows of the (1, 1, rows, D) blocks that the
+    descriptors of q-shaped and k-shaped tensors carry."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     constexprs = dict(constexprs, num_warps=num_warps)
-    dtype = constexprs.pop("DTYPE")
+    dtype, q_rows, kv_rows = constexprs.pop("DTYPE"), constexprs.pop("Q_ROWS"), constexprs.pop("KV_ROWS")
     element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
 
     def descriptor(rows):
         box = [1, 1, rows, constexprs["HEAD_DIM"]]
         return f"tensordesc<{dtype}{box},{gl.NVMMASharedLayout.get_default_for(box, element)!r}>".replace(" ", "")
 
+    # The backward's LSE and D rows: (B·Hq, S_pad) float32, copied BLOCK_M at a time, unswizzled.
+    stats_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    stats = f"tensordesc<fp32[1,{constexprs['BLOCK_M']}],{stats_layout!r}>".replace(" ", "")
     params = list(inspect.signature(kernel.fn).parameters)
-    half_m, block_n = constexprs["BLOCK_M"] // 2, constexprs["BLOCK_N"]
-    typed = {"q_desc": descriptor(half_m), "o_desc": descriptor(half_m), "k_desc": descriptor(block_n),
-             "v_desc": descriptor(block_n), "LSE": "*fp32", "qk_scale": "fp32"}
+    typed = {**{name: descriptor(q_rows) for name in ("q_desc", "o_desc", "do_desc", "dq_desc")},
+             **{name: descriptor(kv_rows) for name in ("k_desc", "v_desc", "dk_desc", "dv_desc")},
+             "lse_desc": stats, "delta_desc": stats, "LSE": "*fp32", "LSE2": "*fp32", "Delta": "*fp32",
+             "qk_scale": "fp32", "softmax_scale": "fp32"}
     signature = {p: "constexpr" if p in constexprs else typed.get(p, "i32") for p in params}
+    # Pointers and the padded row stride (a multiple of 128) are 16-aligned at a launch.
+    divisible = [p for p in ("LSE", "LSE2", "Delta", "stride_lrow") if p in params]
     src = GluonASTSource(fn=kernel, signature=signature,
                          constexprs={(params.index(k),): v for k, v in constexprs.items()},
-                         attrs={(params.index("LSE"),): [["tt.divisibility", 16]]})
+                         attrs={(params.index(p),): [["tt.divisibility", 16]] for p in divisible})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
 
 
 def gluon_variants(quick: bool):
-    """The Gluon forward's variants: (name, kernel, constexprs, warps); none where this Triton
-    has no Gluon Hopper support (the forward then always runs fwd.py)."""
+    """The Gluon kernels' variants: (name, kernel, constexprs, warps); none where this Triton
+    has no Gluon Hopper support (attention then always runs the Triton kernels)."""
     from flashtile.kernels import hopper
 
     if hopper._gluon() is None:
-        print("skip gluon fwd: this Triton has no Gluon Hopper support")
+        print("skip gluon kernels: this Triton has no Gluon Hopper support")
         return
-    _fwd_pingpong_kernel = hopper._gluon()[0]._fwd_pingpong_kernel
-
+    gluon_fwd, _, _, gluon_bwd = hopper._gluon()
+    regs = dict(LOADER_REGS=24, CONSUMER_REGS=240)
     cases = [(128, True, "bf16", 2)] if quick else [
         (128, False, "bf16", 2), (128, True, "bf16", 3), (128, True, "fp16", 2), (64, False, "fp16", 3),
         (64, True, "bf16", 3), (256, True, "bf16", 2), (256, False, "fp16", 2)]
     for d, causal, dtype, stages in cases:
-        yield (f"gluon fwd d={d} {'causal' if causal else 'full'} {dtype} s{stages}", _fwd_pingpong_kernel,
-               dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=64 if d > 128 else 128, NUM_STAGES=stages, CAUSAL=causal,
-                    LOADER_REGS=24,
-                    CONSUMER_REGS=240, DTYPE=dtype), 4)
+        block_n = 64 if d > 128 else 128
+        yield (f"gluon fwd d={d} {'causal' if causal else 'full'} {dtype} s{stages}", gluon_fwd._fwd_pingpong_kernel,
+               dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal, DTYPE=dtype,
+                    Q_ROWS=64, KV_ROWS=block_n, **regs), 4)
+    for d, causal, dtype in [(128, True, "bf16")] if quick else [(128, False, "bf16"), (128, True, "fp16"),
+                                                                    (64, True, "bf16")]:
+        (m, n, stages), (dq_m, dq_n, dq_stages) = hopper.BWD_DKDV[d], hopper.BWD_DQ[d]
+        mode = "causal" if causal else "full"
+        yield (f"gluon dkdv d={d} {mode} {dtype} s{stages}", gluon_bwd._dkdv_kernel,
+               dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, DTYPE=dtype, Q_ROWS=m,
+                    KV_ROWS=n // 2, **regs), 4)
+        yield (f"gluon dq d={d} {mode} {dtype} s{dq_stages}", gluon_bwd._dq_kernel,
+               dict(HEAD_DIM=d, BLOCK_M=dq_m, BLOCK_N=dq_n, NUM_STAGES=dq_stages, CAUSAL=causal, DTYPE=dtype,
+                    Q_ROWS=dq_m // 2, KV_ROWS=dq_n, **regs), 4)
 
 
 # The attention kernels' option flags with every option off (tile sizes and head dims apart).

@@ -17,8 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gluon_bwd  # noqa: E402
+# The kernels are the library's (src/flashtile/kernels/gluon_bwd.py); this probe brings its own
+# preprocessing and config knobs so that each kernel can be timed alone.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "src"))
+from flashtile.kernels import gluon_bwd  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 

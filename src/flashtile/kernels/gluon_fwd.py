@@ -33,23 +33,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-# Triton 3.7 renamed the TMA copies (3.6: async_copy_global_to_shared / _shared_to_global);
-# the old names still exist in 3.9 but fail when compiled.
-if hasattr(tma, "async_load"):
-    _tma_load = tma.async_load
-    _tma_store = tma.async_store
-else:
-    _tma_load = tma.async_copy_global_to_shared
-    _tma_store = tma.async_copy_shared_to_global
+from .gluon_common import accumulator_layout, tma_load, tma_store
+
 
 LN2 = gl.constexpr(0.6931471805599453)
 
-
-@gluon.constexpr_function
-def _accumulator_layout(num_warps, columns):
-    # wgmma's register layout of an (M, columns) float32 accumulator: 16-bit inputs take
-    # instructions of 16 rows × columns × 16; the warps stack along M.
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, columns, 16])
 
 
 @gluon.jit
@@ -59,8 +47,8 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_
     """One warp: the two halves of the Q tile, then K and V tile j into slot j % NUM_STAGES
     once both consumers have released the slot's previous tile."""
     mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    _tma_load(q_desc, [batch, head, q_start, 0], q_ready, q_smem.index(0))
-    _tma_load(q_desc, [batch, head, q_start + HALF_M, 0], q_ready, q_smem.index(1))
+    tma_load(q_desc, [batch, head, q_start, 0], q_ready, q_smem.index(0))
+    tma_load(q_desc, [batch, head, q_start + HALF_M, 0], q_ready, q_smem.index(1))
     for j in range(n_tiles):
         slot = j % NUM_STAGES
         # A new mbarrier counts as having completed the phase before 0, so the first lap
@@ -68,10 +56,10 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_
         free_phase = ((j // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(slot), free_phase)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [batch, head_kv, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        tma_load(k_desc, [batch, head_kv, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), free_phase)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [batch, head_kv, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+        tma_load(v_desc, [batch, head_kv, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
 
 
 @gluon.jit
@@ -113,8 +101,8 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
               HEAD_DIM: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               CAUSAL: gl.constexpr):
     """One warpgroup: rows [q_start + half·HALF_M, +HALF_M) of the Q tile, every K/V tile."""
-    s_layout: gl.constexpr = _accumulator_layout(4, BLOCK_N)
-    o_layout: gl.constexpr = _accumulator_layout(4, HEAD_DIM)
+    s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
+    o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -175,7 +163,7 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     # which writes only the rows inside the tensor.
     q_tile.store(out.to(dtype))
     fence_async_shared()
-    _tma_store(o_desc, [batch, head, first_row, 0], q_smem.index(half))
+    tma_store(o_desc, [batch, head, first_row, 0], q_smem.index(half))
     tma.store_wait(0)
 
 

@@ -1,8 +1,10 @@
-"""When and how the forward takes the Gluon kernel of gluon_fwd.py (Hopper, sm_90).
+"""When and how attention takes the Gluon kernels (Hopper, sm_90): gluon_fwd.py for the
+forward, gluon_bwd.py for the backward.
 
-Opt-in with ``FLASHTILE_GLUON=1`` until its GPU tests have run on this version. The
-kernel covers plain attention, causal or not, with GQA, at head dims 64, 128 and 256 in
-bf16/fp16, on tensors TMA can address; every other call runs the Triton forward.
+Each is opt-in until its GPU tests have run: ``FLASHTILE_GLUON=1`` (forward) and
+``FLASHTILE_GLUON_BWD=1`` (backward). They cover plain attention, causal or not, with GQA,
+in bf16/fp16, on tensors TMA can address: head dims 64, 128 and 256 forward, 64 and 128
+backward. Every other call runs the Triton kernels.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ LOG2E = 1.4426950408889634
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
 
 
-def requested() -> bool:
-    """Whether the user asked for the Gluon forward (``FLASHTILE_GLUON=1``)."""
-    return os.environ.get("FLASHTILE_GLUON", "0") == "1"
+def requested(backward: bool = False) -> bool:
+    """Whether the user asked for the Gluon forward (``FLASHTILE_GLUON=1``) or backward
+    (``FLASHTILE_GLUON_BWD=1``)."""
+    return os.environ.get("FLASHTILE_GLUON_BWD" if backward else "FLASHTILE_GLUON", "0") == "1"
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,27 +40,30 @@ def _gluon():
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        from . import gluon_fwd
+        from . import gluon_bwd, gluon_fwd
     except (ImportError, AttributeError):  # absent, or an older Gluon without these names
         return None
-    return gluon_fwd, gl, TensorDescriptor
+    return gluon_fwd, gl, TensorDescriptor, gluon_bwd
 
 
 def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, band: Band, *, softcap: float,
-             alibi_slopes, bias, dropout_p: float, varlen, block_mask, score_mod) -> bool:
-    """Whether this forward call can run on the Gluon kernel. q/out: (B, Hq, Sq, D), k/v:
-    (B, Hkv, Sk, D), views of any strides."""
-    if not requested() or interpreting() or not q.is_cuda:
+             alibi_slopes, bias, dropout_p: float, varlen, block_mask, score_mod, backward: bool = False,
+             grads: tuple = ()) -> bool:
+    """Whether this forward call (or with ``backward``, this backward call) can run on the
+    Gluon kernels. q/out: (B, Hq, Sq, D), k/v: (B, Hkv, Sk, D), views of any strides;
+    ``grads``: the backward's dout, dq, dk, dv, which TMA must address too."""
+    if not requested(backward) or interpreting() or not q.is_cuda:
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0):  # wgmma and setmaxnreg as on sm_90
         return False
     plain = (softcap == 0 and alibi_slopes is None and bias is None and dropout_p == 0 and varlen is None
              and block_mask is None and score_mod is None and band.left is None and band.right in (None, 0))
-    if not plain or q.dtype not in (torch.bfloat16, torch.float16) or q.shape[3] not in (64, 128, 256):
+    head_dims = (64, 128) if backward else (64, 128, 256)
+    if not plain or q.dtype not in (torch.bfloat16, torch.float16) or q.shape[3] not in head_dims:
         return False
     if q.numel() == 0 or k.numel() == 0:  # the public API rejects these; a direct op call may not
         return False
-    return all(tma.addressable(t) for t in (q, k, v, out)) and _gluon() is not None
+    return all(tma.addressable(t) for t in (q, k, v, out, *grads)) and _gluon() is not None
 
 
 def _config(head_dim: int, seqlen_k: int) -> tuple[int, int]:
@@ -72,27 +78,79 @@ def _config(head_dim: int, seqlen_k: int) -> tuple[int, int]:
     return 128, 3
 
 
+def _tile_descriptor(t: torch.Tensor, rows: int):
+    """A TMA descriptor of a (B, H, S, D) view whose copies move (1, 1, rows, D) tiles."""
+    _, gl, TensorDescriptor, _ = _gluon()
+    box = [1, 1, rows, t.shape[3]]
+    element = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), box, gl.NVMMASharedLayout.get_default_for(box, element))
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, softmax_scale: float,
             causal: bool) -> torch.Tensor:
     """Write out (B, Hq, Sq, D) and return the LSE (B, Hq, Sq), float32, natural log."""
-    gluon_fwd, gl, TensorDescriptor = _gluon()
+    gluon_fwd, gl, _, _ = _gluon()
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     block_n, num_stages = _config(head_dim, seqlen_k)
-    element = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-
-    def descriptor(t, rows):
-        box = [1, 1, rows, head_dim]
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), box,
-                                gl.NVMMASharedLayout.get_default_for(box, element))
-
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
     num_m_blocks = triton.cdiv(seqlen_q, BLOCK_M)
     gluon_fwd._fwd_pingpong_kernel[(num_m_blocks * batch * heads_q,)](
-        descriptor(q, BLOCK_M // 2), descriptor(k, block_n), descriptor(v, block_n), descriptor(out, BLOCK_M // 2),
+        _tile_descriptor(q, BLOCK_M // 2), _tile_descriptor(k, block_n), _tile_descriptor(v, block_n),
+        _tile_descriptor(out, BLOCK_M // 2),
         lse, lse.stride(0), lse.stride(1), heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
         softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=block_n, NUM_STAGES=num_stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
     )
     return lse
+
+
+# The backward's tiles (compile-checked, not yet timed): dK/dV streams 64 query rows past
+# 128 keys (64 per consumer warpgroup), 2 stages at d128 (its registers reach R237 of 240)
+# and 3 at d64; dQ streams 64-key tiles past 128 query rows, 3 stages.
+BWD_DKDV = {128: (64, 128, 2), 64: (64, 128, 3)}
+BWD_DQ = {128: (128, 64, 3), 64: (128, 64, 3)}
+STATS_ROWS = 128  # the LSE and D rows are padded to a multiple of the dQ kernel's BLOCK_M
+
+
+def backward(q, k, v, out, dout, lse, delta, softmax_scale: float, causal: bool, dq, dk, dv) -> None:
+    """Write dq (B, Hq, Sq, D) and dk, dv (B, Hkv, Sk, D). ``delta`` (B, Hq, Sq), float32:
+    rowsum(dO ∘ O) less any LSE gradient, from bwd.py's preprocess."""
+    _, gl, TensorDescriptor, gluon_bwd = _gluon()
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    # The kernels read LSE·log2(e) and D from (B·Hq, S_pad) rows: padding rows (and rows that
+    # saw no key) get +inf and 0, so their P is exactly 0 and no tile needs a row mask.
+    s_pad = triton.cdiv(seqlen_q, STATS_ROWS) * STATS_ROWS
+    lse2 = torch.full((batch * heads_q, s_pad), float("inf"), dtype=torch.float32, device=q.device)
+    delta_pad = torch.zeros((batch * heads_q, s_pad), dtype=torch.float32, device=q.device)
+    lse2[:, :seqlen_q] = torch.where(lse == float("-inf"), float("inf"), lse * LOG2E).reshape(-1, seqlen_q)
+    delta_pad[:, :seqlen_q] = delta.reshape(-1, seqlen_q)
+    qk_scale = softmax_scale * LOG2E
+    group = heads_q // heads_kv
+
+    block_m, block_n, stages = BWD_DKDV[head_dim]
+    stats_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+    def stats(buffer):
+        return TensorDescriptor(buffer, list(buffer.shape), list(buffer.stride()), [1, block_m], stats_layout)
+
+    num_n_blocks = triton.cdiv(seqlen_k, block_n)
+    gluon_bwd._dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
+        _tile_descriptor(q, block_m), _tile_descriptor(dout, block_m), _tile_descriptor(k, block_n // 2),
+        _tile_descriptor(v, block_n // 2), _tile_descriptor(dk, block_n // 2), _tile_descriptor(dv, block_n // 2),
+        stats(lse2), stats(delta_pad), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks, qk_scale,
+        softmax_scale,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
+        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
+    )
+    block_m, block_n, stages = BWD_DQ[head_dim]
+    num_m_blocks = triton.cdiv(seqlen_q, block_m)
+    gluon_bwd._dq_kernel[(num_m_blocks * batch * heads_q,)](
+        _tile_descriptor(q, block_m // 2), _tile_descriptor(dout, block_m // 2), _tile_descriptor(k, block_n),
+        _tile_descriptor(v, block_n), _tile_descriptor(dq, block_m // 2), lse2, delta_pad, lse2.stride(0),
+        heads_q, group, seqlen_q, seqlen_k, num_m_blocks, qk_scale, softmax_scale,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
+        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
+    )

@@ -328,6 +328,12 @@ def attention_backward_triton(
         IS_VARLEN=varlen is not None,
     )
 
+    if hopper.eligible(q, k, v, out, band, softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
+                       dropout_p=dropout_p, varlen=varlen, block_mask=block_mask, score_mod=score_mod,
+                       backward=True, grads=(dout, dq, dk, dv)):
+        hopper.backward(q, k, v, out, dout, lse, delta, softmax_scale, band.right == 0, dq, dk, dv)
+        return None
+
     use_tma = tma.wanted(varlen, q, k, v, dout)
 
     def launch_dkdv(cfg):

@@ -1,9 +1,10 @@
-"""The Gluon Hopper forward (kernels/gluon_fwd.py, taken with FLASHTILE_GLUON=1).
+"""The Gluon Hopper kernels: the forward (kernels/gluon_fwd.py, FLASHTILE_GLUON=1) and the
+backward (kernels/gluon_bwd.py, FLASHTILE_GLUON_BWD=1).
 
-Gluon has no interpreter, so the oracle tests need an sm_90 GPU; on the CPU the kernel is
+Gluon has no interpreter, so the oracle tests need an sm_90 GPU; on the CPU the kernels are
 compiled for sm_90 by tests/test_compile_check.py, and the choice of path is tested here.
-The backward after a Gluon forward is the Triton one, fed the Gluon forward's LSE: the
-gradients are checked too.
+Each grid switches one of them on, so a failure names its kernel: the forward's grid runs
+the Triton backward on the Gluon forward's LSE, the backward's grid the Triton forward.
 """
 
 from __future__ import annotations
@@ -21,20 +22,35 @@ from test_kernels import check_case
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-@pytest.fixture
-def gluon_calls(monkeypatch):
-    """FLASHTILE_GLUON=1, and the list of q shapes the Gluon forward ran on."""
-    monkeypatch.setenv("FLASHTILE_GLUON", "1")
-    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+def _count_calls(monkeypatch, name: str) -> list:
+    """The q shapes that hopper.<name> runs on from now on."""
     calls = []
-    run = hopper.forward
+    run = getattr(hopper, name)
 
     def counted(q, *args, **kwargs):
         calls.append(tuple(q.shape))
         return run(q, *args, **kwargs)
 
-    monkeypatch.setattr(hopper, "forward", counted)
+    monkeypatch.setattr(hopper, name, counted)
     return calls
+
+
+@pytest.fixture
+def gluon_calls(monkeypatch):
+    """FLASHTILE_GLUON=1, and the list of q shapes the Gluon forward ran on."""
+    monkeypatch.setenv("FLASHTILE_GLUON", "1")
+    monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    return _count_calls(monkeypatch, "forward")
+
+
+@pytest.fixture
+def gluon_backward_calls(monkeypatch):
+    """FLASHTILE_GLUON_BWD=1 (the forward on Triton), and the q shapes the Gluon backward ran on."""
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    return _count_calls(monkeypatch, "backward")
 
 
 def test_the_gluon_forward_is_opt_in_and_never_taken_off_hopper(monkeypatch):
@@ -42,11 +58,15 @@ def test_the_gluon_forward_is_opt_in_and_never_taken_off_hopper(monkeypatch):
     plain = dict(softcap=0.0, alibi_slopes=None, bias=None, dropout_p=0.0, varlen=None, block_mask=None,
                  score_mod=None)
     monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
-    assert not hopper.requested()
+    monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
+    assert not hopper.requested() and not hopper.requested(backward=True)
     monkeypatch.setenv("FLASHTILE_GLUON", "1")
-    assert hopper.requested()
-    # CPU tensors (and the interpreter) keep the Triton forward whatever the switch says.
+    assert hopper.requested() and not hopper.requested(backward=True)
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    assert hopper.requested(backward=True)
+    # CPU tensors (and the interpreter) keep the Triton kernels whatever the switches say.
     assert not hopper.eligible(q, q, q, q, Band(None, 0), **plain)
+    assert not hopper.eligible(q, q, q, q, Band(None, 0), **plain, backward=True, grads=(q, q, q, q))
 
 
 GRID = [
@@ -88,3 +108,22 @@ def test_gpu_gluon_forward_leaves_what_it_does_not_cover_to_triton(gluon_calls):
     assert gluon_calls == []
     flashtile.attention(q, k, v, causal=True)
     assert gluon_calls == [(1, 4, 300, 128)]  # the head-major view the launch sees
+
+
+BACKWARD_GRID = [case for case in GRID if case[1] in (64, 128)]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon backward is built for sm_90")
+@pytest.mark.parametrize("dtype,headdim,seqlens,causal", BACKWARD_GRID,
+                         ids=[f"{str(g[0])[6:]}-d{g[1]}-q{g[2][0]}k{g[2][1]}-{'causal' if g[3] else 'full'}"
+                              for g in BACKWARD_GRID])
+def test_gpu_gluon_backward_grid(gluon_backward_calls, dtype, headdim, seqlens, causal):
+    sq, sk = seqlens
+    index = BACKWARD_GRID.index((dtype, headdim, seqlens, causal))
+    heads_q, heads_kv = [(8, 2), (4, 4), (8, 1)][index % 3]
+    layout = ["bhsd", "bshd"][(index // 3) % 2]
+    check_case(2 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q, heads_kv, headdim, dtype, causal=causal,
+               layout=layout, bhsd_as_view=index % 4 >= 2)
+    assert gluon_backward_calls, "the call did not take the Gluon backward"

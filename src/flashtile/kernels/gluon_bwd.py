@@ -1,6 +1,7 @@
 """Hopper (sm_90) FlashAttention backward in Triton's Gluon dialect: dK/dV and dQ kernels.
 
-PROTOTYPE, compile-checked for sm_90a on triton 3.6 and 3.9; never run on a GPU when written.
+Opt-in with ``FLASHTILE_GLUON_BWD=1`` (kernels/hopper.py); compiled for sm_90 on the CPU by
+tools/compile_check.py, first run on a GPU by benchmarks/probes/gluon_bwd/check_bwd.py.
 
 Conventions (as flashtile/kernels/bwd.py): q, dO, dq are (B, Hq, Sq, D) views, k, v, dk, dv
 (B, Hkv, Sk, D); LSE natural log; Delta = rowsum(dO * O); P = exp2(S * qk_scale - lse2) with
@@ -8,7 +9,7 @@ qk_scale = softmax_scale * log2(e) and lse2 = LSE * log2(e) (+inf for rows that 
 for padding rows, so their P is exactly 0); causal is bottom-right aligned (query i sees key j
 iff j <= i + Sk - Sq); GQA: query head h reads kv head h // (Hq / Hkv).
 
-The preprocessing (hopper_bwd.py) writes lse2 and Delta to (B*Hq, S_pad) float32 buffers,
+The host (kernels/hopper.py) writes lse2 and Delta to (B*Hq, S_pad) float32 buffers,
 S_pad a multiple of 128, padding rows lse2 = +inf, Delta = 0. Rows past a sequence's end
 then need no mask anywhere: TMA zero-fills Q/dO/K/V rows outside the (B, H, S, D) view, P
 there is exp2(-inf) = 0, and the TMA stores clip at the tensor's edge.
@@ -42,18 +43,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-if hasattr(tma, "async_load"):  # triton >= 3.7
-    _tma_load = tma.async_load
-    _tma_store = tma.async_store
-else:  # triton 3.6
-    _tma_load = tma.async_copy_global_to_shared
-    _tma_store = tma.async_copy_shared_to_global
+from .gluon_common import accumulator_layout, tma_load, tma_store
 
 
-@gluon.constexpr_function
-def _accumulator_layout(num_warps, columns):
-    # wgmma accumulator (M x columns, fp32) for 16-bit inputs; warps stacked along M.
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, columns, 16])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -71,8 +63,8 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     every query head of the group, tile `it` into slot it % NUM_STAGES."""
     for h in gl.static_range(2):
         mbarrier.expect(kv_ready.index(h), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _tma_load(k_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), k_smem.index(h))
-        _tma_load(v_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), v_smem.index(h))
+        tma_load(k_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), k_smem.index(h))
+        tma_load(v_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), v_smem.index(h))
     # Counters carried through the loop instead of divisions: slot/phase of the ring, the
     # Q tile within the head (m_start) and the head of the group (row of the stats buffers).
     total = group_size * n_q_tiles
@@ -85,11 +77,11 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
         # a fresh mbarrier has completed the phase "before 0": the first lap passes at once
         mbarrier.wait(empty.index(slot), phase ^ 1)
         mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-        _tma_load(q_desc, [batch, head, m_start, 0], q_ready.index(slot), q_smem.index(slot))
-        _tma_load(lse_desc, [row, m_start], q_ready.index(slot), lse_smem.index(slot))
+        tma_load(q_desc, [batch, head, m_start, 0], q_ready.index(slot), q_smem.index(slot))
+        tma_load(lse_desc, [row, m_start], q_ready.index(slot), lse_smem.index(slot))
         mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-        _tma_load(do_desc, [batch, head, m_start, 0], do_ready.index(slot), do_smem.index(slot))
-        _tma_load(delta_desc, [row, m_start], do_ready.index(slot), delta_smem.index(slot))
+        tma_load(do_desc, [batch, head, m_start, 0], do_ready.index(slot), do_smem.index(slot))
+        tma_load(delta_desc, [row, m_start], do_ready.index(slot), delta_smem.index(slot))
         m_start += BLOCK_M
         if m_start == n_q_blocks * BLOCK_M:
             m_start = first_tile * BLOCK_M
@@ -108,8 +100,8 @@ def _dkdv_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                    CAUSAL: gl.constexpr):
     """One warpgroup: keys [n_start + half*HALF_N, +HALF_N), every streamed Q tile."""
-    s_layout: gl.constexpr = _accumulator_layout(4, BLOCK_M)  # S^T, dP^T: HALF_N keys x BLOCK_M queries
-    kv_layout: gl.constexpr = _accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N x HEAD_DIM
+    s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # S^T, dP^T: HALF_N keys x BLOCK_M queries
+    kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N x HEAD_DIM
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query (column of S^T)
     dtype: gl.constexpr = k_smem.dtype
@@ -167,8 +159,8 @@ def _dkdv_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem
     k_tile.store((dk * softmax_scale).to(dtype))
     v_tile.store(dv.to(dtype))
     fence_async_shared()
-    _tma_store(dk_desc, [batch, head_kv, key_first, 0], k_smem.index(half))
-    _tma_store(dv_desc, [batch, head_kv, key_first, 0], v_smem.index(half))
+    tma_store(dk_desc, [batch, head_kv, key_first, 0], k_smem.index(half))
+    tma_store(dv_desc, [batch, head_kv, key_first, 0], v_smem.index(half))
     tma.store_wait(0)
 
 
@@ -249,17 +241,17 @@ def _dq_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
     """One warp: Q and dO halves once, then K and V tile j into slot j % NUM_STAGES."""
     mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
     for h in gl.static_range(2):
-        _tma_load(q_desc, [batch, head, q_start + h * HALF_M, 0], q_ready, q_smem.index(h))
-        _tma_load(do_desc, [batch, head, q_start + h * HALF_M, 0], q_ready, do_smem.index(h))
+        tma_load(q_desc, [batch, head, q_start + h * HALF_M, 0], q_ready, q_smem.index(h))
+        tma_load(do_desc, [batch, head, q_start + h * HALF_M, 0], q_ready, do_smem.index(h))
     for j in range(n_tiles):
         slot = j % NUM_STAGES
         free_phase = ((j // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(slot), free_phase)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [batch, head_kv, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        tma_load(k_desc, [batch, head_kv, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), free_phase)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [batch, head_kv, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+        tma_load(v_desc, [batch, head_kv, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
 
 
 @gluon.jit
@@ -268,8 +260,8 @@ def _dq_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ready, k
                  softmax_scale, HEAD_DIM: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """One warpgroup: query rows [q_start + half*HALF_M, +HALF_M), every K/V tile."""
-    s_layout: gl.constexpr = _accumulator_layout(4, BLOCK_N)  # S, dP: HALF_M x BLOCK_N
-    q_layout: gl.constexpr = _accumulator_layout(4, HEAD_DIM)  # dQ: HALF_M x HEAD_DIM
+    s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)  # S, dP: HALF_M x BLOCK_N
+    q_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dQ: HALF_M x HEAD_DIM
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=q_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     dtype: gl.constexpr = q_smem.dtype
@@ -325,7 +317,7 @@ def _dq_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ready, k
     # Q's half is dead: stage dQ there for the TMA store (clipped at the sequence's end).
     q_tile.store((dq * softmax_scale).to(dtype))
     fence_async_shared()
-    _tma_store(dq_desc, [batch, head, first_row, 0], q_smem.index(half))
+    tma_store(dq_desc, [batch, head, first_row, 0], q_smem.index(half))
     tma.store_wait(0)
 
 
