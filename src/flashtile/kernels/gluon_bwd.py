@@ -43,7 +43,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import accumulator_layout, tma_load, tma_store
+from .gluon_common import accumulator_layout, stream_kv_tiles, tma_load, tma_store
 
 
 
@@ -243,15 +243,8 @@ def _dq_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
     for h in gl.static_range(2):
         tma_load(q_desc, [batch, head, q_start + h * HALF_M, 0], q_ready, q_smem.index(h))
         tma_load(do_desc, [batch, head, q_start + h * HALF_M, 0], q_ready, do_smem.index(h))
-    for j in range(n_tiles):
-        slot = j % NUM_STAGES
-        free_phase = ((j // NUM_STAGES) & 1) ^ 1
-        mbarrier.wait(k_empty.index(slot), free_phase)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma_load(k_desc, [batch, head_kv, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), free_phase)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma_load(v_desc, [batch, head_kv, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+    stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
+                    BLOCK_N, NUM_STAGES)
 
 
 @gluon.jit

@@ -1,11 +1,11 @@
 """What the Gluon kernels (gluon_fwd.py, gluon_bwd.py) share: TMA copy names across Triton
-versions, and the register layout of a wgmma accumulator."""
+versions, the register layout of a wgmma accumulator, and the loader's K/V ring."""
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 # Triton 3.7 renamed the TMA copies (3.6: async_copy_global_to_shared / _shared_to_global);
 # the old names still exist in 3.9 but fail when compiled.
@@ -22,3 +22,22 @@ def accumulator_layout(num_warps, columns):
     """wgmma's register layout of an (M, columns) float32 accumulator: 16-bit inputs take
     instructions of 16 rows x columns x 16; the warps stack along M."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, columns, 16])
+
+
+@gluon.jit
+def stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
+                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The loader's loop of the forward and dQ kernels: K and V tile j of (batch, head_kv)
+    into ring slot j % NUM_STAGES, each once the consumers have released the slot's
+    previous tile (its "empty" barrier) and signalled on its "ready" barrier."""
+    for j in range(n_tiles):
+        slot = j % NUM_STAGES
+        # A new mbarrier counts as having completed the phase before 0, so the first lap
+        # round the ring passes the "empty" waits at once.
+        free_phase = ((j // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(slot), free_phase)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma_load(k_desc, [batch, head_kv, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), free_phase)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma_load(v_desc, [batch, head_kv, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))

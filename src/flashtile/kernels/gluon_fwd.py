@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import accumulator_layout, tma_load, tma_store
+from .gluon_common import accumulator_layout, stream_kv_tiles, tma_load, tma_store
 
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -49,17 +49,8 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_
     mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
     tma_load(q_desc, [batch, head, q_start, 0], q_ready, q_smem.index(0))
     tma_load(q_desc, [batch, head, q_start + HALF_M, 0], q_ready, q_smem.index(1))
-    for j in range(n_tiles):
-        slot = j % NUM_STAGES
-        # A new mbarrier counts as having completed the phase before 0, so the first lap
-        # round the ring passes the "empty" waits at once.
-        free_phase = ((j // NUM_STAGES) & 1) ^ 1
-        mbarrier.wait(k_empty.index(slot), free_phase)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma_load(k_desc, [batch, head_kv, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), free_phase)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma_load(v_desc, [batch, head_kv, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+    stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
+                    BLOCK_N, NUM_STAGES)
 
 
 @gluon.jit
