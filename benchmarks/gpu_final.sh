@@ -13,7 +13,8 @@
 #   bash benchmarks/gpu_final.sh gluon   # the Gluon Hopper forward (FLASHTILE_GLUON=1): its GPU tests, then the
 #                                        # d64/d128/d256 grid 1k-16k with and without it beside FA2 and cuDNN; ~400 s
 #   bash benchmarks/gpu_final.sh gluon-bwd  # the Gluon backward probe (benchmarks/probes/gluon_bwd): its oracle
-#                                        # cases against autograd, then its timing beside SDPA; ~90 s
+#                                        # cases against autograd, its timing beside SDPA, then the library's
+#                                        # backward grid (tests/test_gluon.py -k backward); ~300 s
 #   bash benchmarks/gpu_final.sh loops   # block-mask loops (attempt 22: runs of full tiles): masks.py (Flex
 #                                        # included), mask_tiles.py ranges (as built / run loop / tile by
 #                                        # tile); the decode append kernel (attempt 23): launch_overhead.py's
@@ -109,9 +110,9 @@ case ${1:-tests} in
   gluon)
     # Its own grid, then test_kernels.py's other GPU tests (grid limits, 2^31 elements, torch.compile,
     # opcheck, large inputs) with the switch on.
-    FLASHTILE_GLUON=1 OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-200}" python3 -m pytest -q \
+    FLASHTILE_GLUON=1 OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-240}" python3 -m pytest -q \
       -p no:cacheprovider -p no:benchmark -n "${WORKERS:-8}" --timeout=200 tests/test_gluon.py tests/test_kernels.py \
-      -m gpu -k "gluon or not gpu_grid" > "$OUT/tests-gluon.log" 2>&1
+      -m gpu -k "gluon_forward or (not gluon and not gpu_grid)" > "$OUT/tests-gluon.log" 2>&1
     echo "== FLASHTILE_GLUON=1" > "$OUT/speed.log"
     step env FLASHTILE_GLUON=1 timeout 180 python3 benchmarks/speed_table.py --headdims 64 128 256 \
       --impls flashtile sdpa-flash sdpa-cudnn --json "$OUT/speed-gluon.json" >> "$OUT/speed.log" 2>&1
@@ -120,7 +121,12 @@ case ${1:-tests} in
     tail -3 "$OUT/tests-gluon.log"; grep -E "^== |  d causal|^ *(64|128|256) " "$OUT/speed.log"; cat "$OUT/times.txt" ;;
   gluon-bwd)
     step timeout "${PROBE_LIMIT:-150}" python3 benchmarks/probes/gluon_bwd/check_bwd.py > "$OUT/gluon-bwd.log" 2>&1
-    grep -v "Warn" "$OUT/gluon-bwd.log" | tail -40; cat "$OUT/times.txt" ;;
+    # The library's path (launch.py's hook, bwd.py's preprocess, bshd views, lengths whose last
+    # tile has a warpgroup's half wholly past the end): the backward grid of tests/test_gluon.py.
+    OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider \
+      -p no:benchmark -n "${WORKERS:-8}" --timeout=300 tests/test_gluon.py -m gpu -k backward \
+      > "$OUT/tests-gluon-bwd.log" 2>&1
+    grep -v "Warn" "$OUT/gluon-bwd.log" | tail -40; tail -3 "$OUT/tests-gluon-bwd.log"; cat "$OUT/times.txt" ;;
   checks)
     # The property test runs meanwhile, on the second GPU where there is one, its six shards
     # on six workers (compile-bound: most problems bring new kernels).

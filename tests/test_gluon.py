@@ -17,6 +17,7 @@ import torch
 import flashtile
 from flashtile.kernels import hopper
 from flashtile.masks import Band
+from flashtile.testing import assert_close_to_oracle
 from test_kernels import check_case
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -127,3 +128,27 @@ def test_gpu_gluon_backward_grid(gluon_backward_calls, dtype, headdim, seqlens, 
     check_case(2 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q, heads_kv, headdim, dtype, causal=causal,
                layout=layout, bhsd_as_view=index % 4 >= 2)
     assert gluon_backward_calls, "the call did not take the Gluon backward"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon backward is built for sm_90")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_gluon_backward_with_an_lse_gradient_and_groups_of_three(gluon_backward_calls, causal):
+    # A loss on the LSE shifts D by its gradient (bwd.py's preprocess); 6 query heads share 2 K/V heads.
+    q = torch.randn(2, 300, 6, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(2, 417, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    weights = torch.randn(2, 6, 300, device="cuda")
+    dout = torch.randn(2, 300, 6, 128, device="cuda", dtype=torch.bfloat16)
+
+    def gradients(attention, **options):
+        out, lse = attention(q, k, v, causal=causal, return_lse=True, **options)
+        loss = (lse * weights.to(lse.dtype)).sum() + (out * dout.to(out.dtype)).sum()
+        return torch.autograd.grad(loss, (q, k, v))
+
+    grads = gradients(flashtile.attention)
+    assert gluon_backward_calls == [(2, 6, 300, 128)]
+    expected = gradients(flashtile.naive_attention, upcast=True)
+    plain = gradients(flashtile.naive_attention, upcast=False)
+    for name, g, e, p in zip(("dq", "dk", "dv"), grads, expected, plain):
+        assert_close_to_oracle(name, g, e, p, grad=True)

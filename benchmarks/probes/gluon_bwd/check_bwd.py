@@ -189,6 +189,7 @@ def main(argv=None):
     check(1, 8, 2, 1000, 1500, 128, True, hopper_bwd, results)  # bottom-right: Sk > Sq
     check(1, 8, 2, 1500, 1000, 64, True, hopper_bwd, results)   # Sq > Sk: rows that see no key
     check(3, 4, 4, 77, 77, 128, False, hopper_bwd, results)      # MHA (group 1), one partial tile
+    check(1, 8, 2, 1050, 1050, 128, True, hopper_bwd, results)   # the last tiles' second halves wholly past the end
     print(f"{sum(results)}/{len(results)} correctness cases pass ({time.perf_counter() - start:.0f} s)", flush=True)
     if not args.no_bench:
         print("timing: backward only, each cell 'ms TFLOP/s' (2.5*4*B*H*N^2*D/t, /2 if causal); gluon = preprocess + "

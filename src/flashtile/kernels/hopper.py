@@ -61,6 +61,8 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     head_dims = (64, 128) if backward else (64, 128, 256)
     if not plain or q.dtype not in (torch.bfloat16, torch.float16) or q.shape[3] not in head_dims:
         return False
+    if any(t.dtype != q.dtype for t in (k, v, out, *grads)):  # one element type per kernel
+        return False
     if q.numel() == 0 or k.numel() == 0:  # the public API rejects these; a direct op call may not
         return False
     return all(tma.addressable(t) for t in (q, k, v, out, *grads)) and _gluon() is not None
