@@ -59,6 +59,15 @@ def test_info_shows_the_environment(run_cli, monkeypatch):
     assert "reference" in _line_with(out, "CPU tensors run on")
 
 
+def test_info_shows_the_gluon_switches(run_cli, monkeypatch):
+    monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    code, out, _ = run_cli("info")
+    assert code == 0
+    assert "unset" in _line_with(out, "FLASHTILE_GLUON ")
+    assert "1" in _line_with(out, "FLASHTILE_GLUON_BWD").replace("FLASHTILE_GLUON_BWD", "")
+
+
 def test_demo_reports_agreement_time_memory_and_the_long_context(run_cli, monkeypatch):
     monkeypatch.delenv("FLASHTILE_BACKEND", raising=False)
     code, out, _ = run_cli(*TINY, "--long-seqlen", "1024")

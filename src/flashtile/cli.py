@@ -362,7 +362,9 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
     env = Table(title="Environment", show_header=False)
     env.add_column("name")
     env.add_column("value")
-    for name, unset in (("FLASHTILE_BACKEND", "unset (auto)"), ("TRITON_INTERPRET", "unset")):
+    switches = (("FLASHTILE_BACKEND", "unset (auto)"), ("TRITON_INTERPRET", "unset"),
+                ("FLASHTILE_GLUON", "unset (Triton forward)"), ("FLASHTILE_GLUON_BWD", "unset (Triton backward)"))
+    for name, unset in switches:
         env.add_row(name, os.environ.get(name, unset))
     for device_type in ("cpu", "cuda") if cuda else ("cpu",):
         try:
