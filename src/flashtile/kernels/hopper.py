@@ -80,12 +80,20 @@ def _config(head_dim: int, seqlen_k: int) -> tuple[int, int]:
     return 128, 3
 
 
+@functools.lru_cache(maxsize=None)
+def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
+    """The shared-memory layout (swizzle) of a (1, 1, rows, head_dim) tile: built once per shape
+    and dtype, since every call needs four of them."""
+    _, gl, _, _ = _gluon()
+    element = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], element)
+
+
 def _tile_descriptor(t: torch.Tensor, rows: int):
     """A TMA descriptor of a (B, H, S, D) view whose copies move (1, 1, rows, D) tiles."""
-    _, gl, TensorDescriptor, _ = _gluon()
-    box = [1, 1, rows, t.shape[3]]
-    element = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), box, gl.NVMMASharedLayout.get_default_for(box, element))
+    _, _, TensorDescriptor, _ = _gluon()
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[3]],
+                            _tile_layout(rows, t.shape[3], t.dtype))
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, softmax_scale: float,
