@@ -11,7 +11,8 @@
 #                                        # TMA_AB=1 adds the grid with FLASHTILE_TMA=1
 #   bash benchmarks/gpu_final.sh checks  # compute-sanitizer, and the Hypothesis GPU property test on GPU 1
 #   bash benchmarks/gpu_final.sh gluon   # the Gluon Hopper forward (FLASHTILE_GLUON=1): its GPU tests, then the
-#                                        # d64/d128/d256 grid 1k-16k with and without it beside FA2 and cuDNN; ~400 s
+#                                        # d64/d128/d256 grid at 1k, 4k, 16k with and without it beside FA2 and
+#                                        # cuDNN; ~450 s
 #   bash benchmarks/gpu_final.sh gluon-bwd  # the Gluon backward probe (benchmarks/probes/gluon_bwd): its oracle
 #                                        # cases against autograd, its timing beside SDPA, then the library's
 #                                        # backward grid (tests/test_gluon.py -k backward); ~300 s
@@ -114,10 +115,11 @@ case ${1:-tests} in
       -p no:cacheprovider -p no:benchmark -n "${WORKERS:-8}" --timeout=200 tests/test_gluon.py tests/test_kernels.py \
       -m gpu -k "gluon_forward or (not gluon and not gpu_grid)" > "$OUT/tests-gluon.log" 2>&1
     echo "== FLASHTILE_GLUON=1" > "$OUT/speed.log"
-    step env FLASHTILE_GLUON=1 timeout 180 python3 benchmarks/speed_table.py --headdims 64 128 256 \
+    step env FLASHTILE_GLUON=1 timeout 180 python3 benchmarks/speed_table.py --headdims 64 128 256 --seqlens 1024 4096 16384 \
       --impls flashtile sdpa-flash sdpa-cudnn --json "$OUT/speed-gluon.json" >> "$OUT/speed.log" 2>&1
     echo "== FLASHTILE_GLUON=0" >> "$OUT/speed.log"
-    step timeout 120 python3 benchmarks/speed_table.py --headdims 64 128 256 --impls flashtile >> "$OUT/speed.log" 2>&1
+    step timeout 120 python3 benchmarks/speed_table.py --headdims 64 128 256 --seqlens 1024 4096 16384 --impls flashtile \
+      >> "$OUT/speed.log" 2>&1
     tail -3 "$OUT/tests-gluon.log"; grep -E "^== |  d causal|^ *(64|128|256) " "$OUT/speed.log"; cat "$OUT/times.txt" ;;
   gluon-bwd)
     step timeout "${PROBE_LIMIT:-150}" python3 benchmarks/probes/gluon_bwd/check_bwd.py > "$OUT/gluon-bwd.log" 2>&1
