@@ -190,6 +190,13 @@ def main(argv=None):
     check(1, 8, 2, 1500, 1000, 64, True, hopper_bwd, results)   # Sq > Sk: rows that see no key
     check(3, 4, 4, 77, 77, 128, False, hopper_bwd, results)      # MHA (group 1), one partial tile
     check(1, 8, 2, 1050, 1050, 128, True, hopper_bwd, results)   # the last tiles' second halves wholly past the end
+    # The alternative configs the timing tries are checked too, so a fast but wrong one shows.
+    for env in ({"GLUON_BWD_DKDV_STAGES": "3"}, {"GLUON_BWD_DQ_BLOCK_N": "128"}):
+        os.environ.update(env)
+        print(f"  with {env}:")
+        check(1, 8, 2, 1050, 1050, 128, True, hopper_bwd, results)
+        for key in env:
+            del os.environ[key]
     print(f"{sum(results)}/{len(results)} correctness cases pass ({time.perf_counter() - start:.0f} s)", flush=True)
     if not args.no_bench:
         print("timing: backward only, each cell 'ms TFLOP/s' (2.5*4*B*H*N^2*D/t, /2 if causal); gluon = preprocess + "
