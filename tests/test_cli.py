@@ -64,7 +64,7 @@ def test_info_shows_the_gluon_switches(run_cli, monkeypatch):
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
     code, out, _ = run_cli("info")
     assert code == 0
-    assert "unset" in _line_with(out, "FLASHTILE_GLUON ")
+    assert "unset (auto" in _line_with(out, "FLASHTILE_GLUON ")
     assert "1" in _line_with(out, "FLASHTILE_GLUON_BWD").replace("FLASHTILE_GLUON_BWD", "")
 
 

@@ -1,5 +1,6 @@
-"""The Gluon Hopper kernels: the forward (kernels/gluon_fwd.py, FLASHTILE_GLUON=1) and the
-backward (kernels/gluon_bwd.py, FLASHTILE_GLUON_BWD=1).
+"""The Gluon Hopper kernels: the forward (kernels/gluon_fwd.py, FLASHTILE_GLUON) and the
+backward (kernels/gluon_bwd.py, FLASHTILE_GLUON_BWD), taken by default on sm_90 where they
+were measured faster; the grids here force them on (=1) to reach every shape they cover.
 
 Gluon has no interpreter, so the oracle tests need an sm_90 GPU; on the CPU the kernels are
 compiled for sm_90 by tests/test_compile_check.py, and the choice of path is tested here.
@@ -40,7 +41,7 @@ def _count_calls(monkeypatch, name: str) -> list:
 def gluon_calls(monkeypatch):
     """FLASHTILE_GLUON=1, and the list of q shapes the Gluon forward ran on."""
     monkeypatch.setenv("FLASHTILE_GLUON", "1")
-    monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "0")
     monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
     return _count_calls(monkeypatch, "forward")
 
@@ -49,22 +50,35 @@ def gluon_calls(monkeypatch):
 def gluon_backward_calls(monkeypatch):
     """FLASHTILE_GLUON_BWD=1 (the forward on Triton), and the q shapes the Gluon backward ran on."""
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
-    monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
+    monkeypatch.setenv("FLASHTILE_GLUON", "0")
     monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
     return _count_calls(monkeypatch, "backward")
 
 
-def test_the_gluon_forward_is_opt_in_and_never_taken_off_hopper(monkeypatch):
+def test_the_gluon_switches_read_auto_1_or_0_and_reject_anything_else(monkeypatch):
+    monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
+    monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
+    assert hopper.setting() == "auto" and hopper.setting(backward=True) == "auto"
+    monkeypatch.setenv("FLASHTILE_GLUON", "1")
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "0")
+    assert hopper.setting() == "1" and hopper.setting(backward=True) == "0"
+    monkeypatch.setenv("FLASHTILE_GLUON", "yes")
+    with pytest.raises(ValueError, match="FLASHTILE_GLUON: expected one of auto, 1, 0, got 'yes'"):
+        hopper.setting()
+
+
+def test_auto_takes_gluon_only_where_it_was_measured_faster():
+    assert hopper.measured_faster(128, 1024, backward=False) and hopper.measured_faster(256, 512, backward=False)
+    assert not hopper.measured_faster(64, 2048, backward=False) and hopper.measured_faster(64, 4096, backward=False)
+    assert hopper.measured_faster(128, 1024, backward=True) and not hopper.measured_faster(64, 16384, backward=True)
+
+
+def test_the_gluon_kernels_are_never_taken_off_hopper(monkeypatch):
     q = torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
     plain = dict(softcap=0.0, alibi_slopes=None, bias=None, dropout_p=0.0, varlen=None, block_mask=None,
                  score_mod=None)
-    monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
-    monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
-    assert not hopper.requested() and not hopper.requested(backward=True)
     monkeypatch.setenv("FLASHTILE_GLUON", "1")
-    assert hopper.requested() and not hopper.requested(backward=True)
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
-    assert hopper.requested(backward=True)
     # CPU tensors (and the interpreter) keep the Triton kernels whatever the switches say.
     assert not hopper.eligible(q, q, q, q, Band(None, 0), **plain)
     assert not hopper.eligible(q, q, q, q, Band(None, 0), **plain, backward=True, grads=(q, q, q, q))
@@ -109,6 +123,22 @@ def test_gpu_gluon_forward_leaves_what_it_does_not_cover_to_triton(gluon_calls):
     assert gluon_calls == []
     flashtile.attention(q, k, v, causal=True)
     assert gluon_calls == [(1, 4, 300, 128)]  # the head-major view the launch sees
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernels are built for sm_90")
+def test_gpu_by_default_gluon_runs_where_it_was_measured_faster(monkeypatch):
+    monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
+    monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    forwards, backwards = _count_calls(monkeypatch, "forward"), _count_calls(monkeypatch, "backward")
+    for seqlen, head_dim in ((1000, 64), (1000, 128), (4100, 64)):
+        q, k, v = (torch.randn(1, seqlen, 2, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        flashtile.attention(q, k, v, causal=True).sum().backward()
+    assert forwards == [(1, 2, 1000, 128), (1, 2, 4100, 64)]
+    assert backwards == [(1, 2, 1000, 128)]
 
 
 BACKWARD_GRID = [case for case in GRID if case[1] in (64, 128)]

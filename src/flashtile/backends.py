@@ -9,6 +9,7 @@ used. Nothing here touches a GPU driver at import time.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -27,6 +28,17 @@ class BackendStatus:
     name: str
     available: bool
     reason: str
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def compute_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) of a CUDA device, asked of the driver once per device: torch's query
+    costs microseconds, and the launch path asks it for every tensor it hands to TMA."""
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def interpreting() -> bool:

@@ -1,10 +1,15 @@
 """When and how attention takes the Gluon kernels (Hopper, sm_90): gluon_fwd.py for the
 forward, gluon_bwd.py for the backward.
 
-Each is opt-in until its GPU tests have run: ``FLASHTILE_GLUON=1`` (forward) and
-``FLASHTILE_GLUON_BWD=1`` (backward). They cover plain attention, causal or not, with GQA,
-in bf16/fp16, on tensors TMA can address: head dims 64, 128 and 256 forward, 64 and 128
-backward. Every other call runs the Triton kernels.
+They cover plain attention, causal or not, with GQA, in bf16/fp16, on tensors TMA can
+address: head dims 64, 128 and 256 forward, 64 and 128 backward. Every other call runs the
+Triton kernels. ``FLASHTILE_GLUON`` (forward) and ``FLASHTILE_GLUON_BWD`` (backward) choose:
+
+- ``auto`` (the default): Gluon where the H200 measured it faster than the Triton kernels
+  (docs/performance.md, session 9): the forward at head dims 128 and 256, and at 64 from
+  4k keys; the backward at head dim 128;
+- ``1``: Gluon for every call it covers (the tests use this to reach every shape);
+- ``0``: never.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import os
 import torch
 import triton
 
-from ..backends import interpreting
+from ..backends import compute_capability, interpreting
 from ..masks import Band
 from . import tma
 
@@ -23,10 +28,28 @@ LOG2E = 1.4426950408889634
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
 
 
-def requested(backward: bool = False) -> bool:
-    """Whether the user asked for the Gluon forward (``FLASHTILE_GLUON=1``) or backward
-    (``FLASHTILE_GLUON_BWD=1``)."""
-    return os.environ.get("FLASHTILE_GLUON_BWD" if backward else "FLASHTILE_GLUON", "0") == "1"
+SETTINGS = ("auto", "1", "0")
+
+
+def setting(backward: bool = False) -> str:
+    """``FLASHTILE_GLUON`` (forward) or ``FLASHTILE_GLUON_BWD`` (backward): auto, 1 or 0."""
+    name = "FLASHTILE_GLUON_BWD" if backward else "FLASHTILE_GLUON"
+    value = os.environ.get(name, "auto").strip().lower() or "auto"
+    if value not in SETTINGS:
+        raise ValueError(f"{name}: expected one of {', '.join(SETTINGS)}, got {os.environ[name]!r}")
+    return value
+
+
+def measured_faster(head_dim: int, seqlen_k: int, backward: bool) -> bool:
+    """Where the Gluon kernels beat the Triton ones on the H200 (bf16, 16k tokens, session 9,
+    docs/performance.md). Forward, TFLOP/s Gluon / Triton, non-causal at 1k / 4k / 16k: d64
+    319 / 388 / 408 against 372 / 342 / 358 (the Triton kernel wins below 4k keys), d128
+    489 / 615 / 582 against 366 / 457 / 479, d256 588 / 639 / 643 against 359 / 430 / 437.
+    Backward: d128 417 / 473 / 477 against 317 / 390 / 405 (kernel times), d64 295 / 344 /
+    359 against 319 / 369 / 378 (the Triton backward stays)."""
+    if backward:
+        return head_dim == 128
+    return head_dim in (128, 256) or seqlen_k >= 4096
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,9 +75,10 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     """Whether this forward call (or with ``backward``, this backward call) can run on the
     Gluon kernels. q/out: (B, Hq, Sq, D), k/v: (B, Hkv, Sk, D), views of any strides;
     ``grads``: the backward's dout, dq, dk, dv, which TMA must address too."""
-    if not requested(backward) or interpreting() or not q.is_cuda:
+    choice = setting(backward)
+    if choice == "0" or interpreting() or not q.is_cuda:
         return False
-    if torch.cuda.get_device_capability(q.device) != (9, 0):  # wgmma and setmaxnreg as on sm_90
+    if compute_capability(q.device) != (9, 0):  # wgmma and setmaxnreg as on sm_90
         return False
     plain = (softcap == 0 and alibi_slopes is None and bias is None and dropout_p == 0 and varlen is None
              and block_mask is None and score_mod is None and band.left is None and band.right in (None, 0))
@@ -64,6 +88,8 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     if any(t.dtype != q.dtype for t in (k, v, out, *grads)):  # one element type per kernel
         return False
     if q.numel() == 0 or k.numel() == 0:  # the public API rejects these; a direct op call may not
+        return False
+    if choice == "auto" and not measured_faster(q.shape[3], k.shape[2], backward):
         return False
     return all(tma.addressable(t) for t in (q, k, v, out, *grads)) and _gluon() is not None
 

@@ -17,7 +17,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..backends import interpreting
+from ..backends import compute_capability, interpreting
 
 # Triton 3.6's ptxas crashes (SIGSEGV) on the forward and dQ kernels' descriptor loops at
 # num_stages=2 (every head dim, causal or not; the dK/dV kernel compiled); 1 and 3 stages
@@ -48,7 +48,7 @@ def addressable(t: torch.Tensor) -> bool:
         return False
     if interpreting():
         return True
-    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9
+    return t.is_cuda and compute_capability(t.device)[0] >= 9
 
 
 def wanted(varlen, *tensors: torch.Tensor) -> bool:

@@ -1,0 +1,67 @@
+"""Where the host's time goes in one attention call on a GPU: cProfile of the Python path.
+
+    python benchmarks/probes/host_profile.py [--seqlen 1024] [--headdim 128] [--calls 40]
+
+d128 bf16, 16 heads, 16k tokens, causal; forward alone (no grad) and forward + backward.
+The GPU is kept busy by a sleep kernel queued first, so calls only enqueue and the figures
+are the host's own. Keep calls × launches per call under ~1000: past the driver's queue
+depth a launch blocks until the sleep ends, and the profile then shows that wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+import flashtile
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqlen", type=int, default=1024)
+    parser.add_argument("--headdim", type=int, default=128)
+    parser.add_argument("--calls", type=int, default=40)
+    args = parser.parse_args()
+    batch, heads = 16384 // args.seqlen, 2048 // args.headdim
+    q, k, v = (torch.randn(batch, args.seqlen, heads, args.headdim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+
+    def forward():
+        with torch.no_grad():
+            flashtile.attention(q, k, v, causal=True)
+
+    def forward_backward():
+        out = flashtile.attention(q, k, v, causal=True)
+        torch.autograd.grad(out, (q, k, v), out)
+
+    for name, fn in (("forward", forward), ("forward+backward", forward_backward)):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(1e9))
+        start = time.perf_counter()
+        for _ in range(args.calls):
+            fn()
+        host_us = (time.perf_counter() - start) / args.calls * 1e6
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(1e9))
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(args.calls):
+            fn()
+        profile.disable()
+        torch.cuda.synchronize()
+        print(f"===== {name}: host {host_us:.1f} us per call (without the profiler)")
+        for order, count in (("tottime", 25), ("cumulative", 45)):
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats(order).print_stats(count)
+            print(text.getvalue())
+
+
+if __name__ == "__main__":
+    main()
