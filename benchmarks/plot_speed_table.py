@@ -1,9 +1,10 @@
-"""Plot a speed table (the JSON of ``benchmarks/speed_table.py --json``): TFLOP/s against N.
+"""Plot a speed table (the JSON of ``benchmarks/speed_table.py --json`` or of ``flashtile bench
+--json``, dense bf16 cells): TFLOP/s against N.
 
 One panel per (pass, head dim, mask): forward in the top row, backward below, every
 implementation the table measured as a line. The README's performance plot is
 
-    python benchmarks/plot_speed_table.py benchmarks/results/2026-11-30-h200-session6/speed-1k-16k.json \\
+    python benchmarks/plot_speed_table.py benchmarks/results/2026-11-30-h200-session9/bench.json \\
         --out docs/images/speed_h200.png --title "H200, 2026-11-30"
 """
 
@@ -13,6 +14,21 @@ import argparse
 import json
 
 from flashtile.bench.providers import PROVIDERS
+
+
+def table_from_bench(data: dict) -> dict:
+    """speed_table.py's layout ({"meta", "rows": [{headdim, causal, seqlen, impl: {fwd, bwd}}]})
+    of a ``flashtile bench --json`` file's dense bf16 cells."""
+    rows = {}
+    for cell in data["results"]:
+        if cell["scenario"] != "dense" or cell["dtype"] != "bf16" or cell.get("tflops") is None:
+            continue
+        key = (cell["headdim"], cell["causal"], cell["seqlen"])
+        row = rows.setdefault(key, {"headdim": key[0], "causal": key[1], "seqlen": key[2]})
+        row.setdefault(cell["provider"], {})[cell["mode"]] = cell["tflops"]
+    meta = data.get("meta", {})
+    return {"meta": {"dtype": "bfloat16", "torch": meta.get("torch"), "triton": meta.get("triton")},
+            "rows": [rows[key] for key in sorted(rows)]}
 
 
 def plot(table: dict, out: str, title: str) -> None:
@@ -41,12 +57,13 @@ def plot(table: dict, out: str, title: str) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("table", help="JSON written by speed_table.py --json")
+    p.add_argument("table", help="JSON written by speed_table.py --json or flashtile bench --json")
     p.add_argument("--out", default="speed.png")
     p.add_argument("--title", default="speed")
     args = p.parse_args(argv)
     with open(args.table) as f:
-        plot(json.load(f), args.out, args.title)
+        data = json.load(f)
+    plot(table_from_bench(data) if "results" in data else data, args.out, args.title)
     print(f"wrote {args.out}")
 
 

@@ -3,6 +3,7 @@ is spent on them (the numbers printed here mean nothing)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -54,3 +55,20 @@ def test_speed_table_plot_draws_the_committed_table(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_speed_table_plot_reads_a_bench_json(tmp_path):
+    # The README's plot of session 9 is drawn from `flashtile bench --json`; its dense bf16 cells
+    # become speed_table.py's rows, one per (head dim, mask, N) with each provider's fwd and bwd.
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from plot_speed_table import table_from_bench
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    data = json.loads((BENCHMARKS / "results/2026-11-30-h200-session9/bench.json").read_text())
+    table = table_from_bench(data)
+    assert len(table["rows"]) == 18  # d64/128/256 × causal or not × 1k/4k/16k
+    row = next(r for r in table["rows"] if (r["headdim"], r["causal"], r["seqlen"]) == (128, False, 16384))
+    cell = next(c for c in data["results"] if (c["headdim"], c["causal"], c["seqlen"], c["provider"], c["mode"])
+                == (128, False, 16384, "sdpa-cudnn", "bwd"))
+    assert row["sdpa-cudnn"]["bwd"] == cell["tflops"] and set(row["flashtile"]) == {"fwd", "bwd"}
