@@ -8,7 +8,7 @@ import os
 import torch
 
 import flashtile
-from flashtile.kernels import configs, tma
+from flashtile.kernels import configs, hopper, tma
 
 torch.manual_seed(0)
 for (b, sq, sk, hq, hkv, d, causal) in [(1, 17, 33, 4, 2, 40, True), (2, 113, 17, 2, 1, 80, False),
@@ -68,8 +68,9 @@ flashtile.flash_attn_with_kvcache(torch.randn(2, 3, 4, 64, device="cuda", dtype=
                                   k=torch.randn(2, 3, 2, 64, device="cuda", dtype=torch.float16),
                                   v=torch.randn(2, 3, 2, 64, device="cuda", dtype=torch.float16), block_table=table,
                                   cache_seqlens=torch.tensor([14, 30], dtype=torch.int32, device="cuda"), causal=True)
-# Tiles through tensor descriptors (FLASHTILE_TMA=1, kernels/tma.py), odd lengths.
-os.environ["FLASHTILE_TMA"] = "1"
+# Tiles through tensor descriptors (FLASHTILE_TMA=1, kernels/tma.py), odd lengths; the Gluon
+# kernels off, or on sm_90 they would take these calls.
+os.environ.update(FLASHTILE_TMA="1", FLASHTILE_GLUON="0", FLASHTILE_GLUON_BWD="0")
 descriptor_launches = []  # the launches that build descriptors: the path must be taken, not assumed
 make_descriptors = tma.tile_descriptors
 tma.tile_descriptors = lambda *args: descriptor_launches.append(args) or make_descriptors(*args)
@@ -80,5 +81,20 @@ with configs.override(forward=configs.KernelConfig(128, 64, 8, 3),
                       backward=(configs.KernelConfig(64, 64, 4, 1), configs.KernelConfig(64, 64, 4, 1))):
     flashtile.attention(qt, kt, kt, causal=True).sum().backward()
 assert len(descriptor_launches) == 3, "forward, dK/dV and dQ each take the descriptor path"
+# The Gluon kernels (sm_90 only), forced on for every shape they cover: odd lengths, q != k,
+# GQA, causal or not; the backward at d64 and d128. Their LSE and dQ stores are plain stores.
+os.environ.update(FLASHTILE_TMA="0", FLASHTILE_GLUON="1", FLASHTILE_GLUON_BWD="1")
+if torch.cuda.get_device_capability() == (9, 0):
+    gluon_calls = []
+    for name in ("forward", "backward"):
+        run = getattr(hopper, name)
+        setattr(hopper, name, lambda *args, _run=run, _name=name, **kw: gluon_calls.append(_name) or _run(*args, **kw))
+    for (b, sq, sk, hq, hkv, d, causal) in [(1, 17, 203, 4, 2, 64, True), (2, 203, 113, 6, 2, 128, False),
+                                              (1, 130, 130, 2, 1, 128, True), (1, 1, 77, 2, 2, 256, True)]:
+        qg = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        kg, vg = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                  for _ in range(2))
+        flashtile.attention(qg, kg, vg, causal=causal).sum().backward()
+    assert gluon_calls.count("forward") == 4 and gluon_calls.count("backward") == 3, gluon_calls
 torch.cuda.synchronize()
 print("sanitize: all kernels ran")
