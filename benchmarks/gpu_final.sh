@@ -11,8 +11,8 @@
 #                                        # TMA_AB=1 adds the grid with FLASHTILE_TMA=1
 #   bash benchmarks/gpu_final.sh checks  # compute-sanitizer, and the Hypothesis GPU property test on GPU 1
 #   bash benchmarks/gpu_final.sh gluon   # the Gluon Hopper forward (FLASHTILE_GLUON=1): its GPU tests, then the
-#                                        # d64/d128/d256 grid at 1k, 4k, 16k with and without it beside FA2 and
-#                                        # cuDNN; ~450 s
+#                                        # d64/d128/d256 grid at 1k, 4k, 16k with both Gluon kernels forced on and
+#                                        # both off beside FA2 and cuDNN; ~450 s
 #   bash benchmarks/gpu_final.sh gluon-bwd  # the Gluon backward probe (benchmarks/probes/gluon_bwd): its oracle
 #                                        # cases against autograd, its timing beside SDPA, then the library's
 #                                        # backward grid (tests/test_gluon.py -k backward); ~300 s
@@ -74,7 +74,7 @@ case ${1:-tests} in
       --json "$OUT/speed.json" > "$OUT/speed.log" 2>&1
     if [[ -n "${TMA_AB:-}" ]]; then  # the grid again with K/V through tensor descriptors (kernels/tma.py)
       echo "== FLASHTILE_TMA=1" >> "$OUT/speed.log"
-      step env FLASHTILE_TMA=1 timeout 120 python3 benchmarks/speed_table.py --headdims 64 128 --impls flashtile \
+      step env FLASHTILE_TMA=1 FLASHTILE_GLUON=0 FLASHTILE_GLUON_BWD=0 timeout 120 python3 benchmarks/speed_table.py --headdims 64 128 --impls flashtile \
         sdpa-flash >> "$OUT/speed.log" 2>&1
     fi
     step env timeout 80 python3 benchmarks/decode.py --no-flex --batches 1 4 32 128 --heads 32 64 \
@@ -114,11 +114,11 @@ case ${1:-tests} in
     FLASHTILE_GLUON=1 OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-240}" python3 -m pytest -q \
       -p no:cacheprovider -p no:benchmark -n "${WORKERS:-8}" --timeout=200 tests/test_gluon.py tests/test_kernels.py \
       -m gpu -k "gluon_forward or (not gluon and not gpu_grid)" > "$OUT/tests-gluon.log" 2>&1
-    echo "== FLASHTILE_GLUON=1" > "$OUT/speed.log"
-    step env FLASHTILE_GLUON=1 timeout 180 python3 benchmarks/speed_table.py --headdims 64 128 256 --seqlens 1024 4096 16384 \
+    echo "== FLASHTILE_GLUON=1 FLASHTILE_GLUON_BWD=1" > "$OUT/speed.log"
+    step env FLASHTILE_GLUON=1 FLASHTILE_GLUON_BWD=1 timeout 180 python3 benchmarks/speed_table.py --headdims 64 128 256 --seqlens 1024 4096 16384 \
       --impls flashtile sdpa-flash sdpa-cudnn --json "$OUT/speed-gluon.json" >> "$OUT/speed.log" 2>&1
-    echo "== FLASHTILE_GLUON=0" >> "$OUT/speed.log"
-    step timeout 120 python3 benchmarks/speed_table.py --headdims 64 128 256 --seqlens 1024 4096 16384 --impls flashtile \
+    echo "== FLASHTILE_GLUON=0 FLASHTILE_GLUON_BWD=0" >> "$OUT/speed.log"
+    step env FLASHTILE_GLUON=0 FLASHTILE_GLUON_BWD=0 timeout 120 python3 benchmarks/speed_table.py --headdims 64 128 256 --seqlens 1024 4096 16384 --impls flashtile \
       >> "$OUT/speed.log" 2>&1
     tail -3 "$OUT/tests-gluon.log"; grep -E "^== |  d causal|^ *(64|128|256) " "$OUT/speed.log"; cat "$OUT/times.txt" ;;
   gluon-bwd)
