@@ -84,6 +84,52 @@ def test_the_gluon_kernels_are_never_taken_off_hopper(monkeypatch):
     assert not hopper.eligible(q, q, q, q, Band(None, 0), **plain, backward=True, grads=(q, q, q, q))
 
 
+def test_a_gluon_kernel_that_fails_to_build_falls_back_to_triton_once_with_a_warning(monkeypatch):
+    # A Triton whose Gluon moved (or a ptxas error) must not break attention under auto: the
+    # call runs the Triton kernels, one warning names the error, the kernel is not retried.
+    from triton.runtime.errors import PTXASError
+
+    monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
+    monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    monkeypatch.setattr(hopper, "_FAILED", set())
+    attempts = []
+
+    def broken(name, error):
+        def launch(q, *args, **kwargs):
+            attempts.append(name)
+            raise error
+        return launch
+
+    # Here (no sm_90) eligible says no; pretend it says yes until the kernel is marked broken.
+    def eligible(q, k, v, out, band, *, backward=False, **options):
+        return hopper._failure_key(backward, q, band.right == 0) not in hopper._FAILED
+
+    monkeypatch.setattr(hopper, "eligible", eligible)
+    monkeypatch.setattr(hopper, "forward", broken("forward", PTXASError("ptxas fatal: unknown option")))
+    monkeypatch.setattr(hopper, "backward", broken("backward", TypeError("warp_specialize() got an unexpected "
+                                                                         "keyword argument")))
+    with pytest.warns(RuntimeWarning) as caught:
+        check_case(1, 37, 53, 4, 2, 64, torch.float16, causal=True)  # against the oracle
+        check_case(1, 37, 53, 4, 2, 64, torch.float16, causal=True)
+    messages = [str(w.message) for w in caught if "Gluon" in str(w.message)]
+    assert len(messages) == 2, messages  # once for the forward, once for the backward
+    assert "PTXASError" in messages[0] and "ptxas fatal: unknown option" in messages[0]
+    assert "head dim 64, float16, causal=True" in messages[0] and "FLASHTILE_GLUON=0" in messages[0]
+    assert "TypeError" in messages[1] and "FLASHTILE_GLUON_BWD=1 makes this an error" in messages[1]
+    assert attempts == ["forward", "backward"]  # the second call did not try again
+
+
+def test_a_gluon_error_is_raised_when_forced_or_not_a_build_error(monkeypatch):
+    q = torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
+    monkeypatch.setattr(hopper, "_FAILED", set())
+    monkeypatch.setenv("FLASHTILE_GLUON", "1")
+    assert not hopper.falls_back(False, q, True, TypeError("moved"))  # forced: the error stands
+    monkeypatch.setenv("FLASHTILE_GLUON", "auto")
+    assert not hopper.falls_back(False, q, True, ValueError("a wrong argument of ours"))
+    assert hopper._FAILED == set()
+
+
 GRID = [
     (dtype, d, sq_sk, causal)
     for dtype, d, sq_sk, causal in itertools.product(

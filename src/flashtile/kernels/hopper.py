@@ -10,15 +10,25 @@ Triton kernels. ``FLASHTILE_GLUON`` (forward) and ``FLASHTILE_GLUON_BWD`` (backw
   4k keys; the backward at head dim 128;
 - ``1``: Gluon for every call it covers (the tests use this to reach every shape);
 - ``0``: never.
+
+Under ``auto`` a Gluon kernel that fails to build here (a Triton whose Gluon changed, a
+ptxas error) sends its calls back to the Triton kernels, with one warning naming the error;
+under ``1`` the error is raised.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import torch
 import triton
+
+try:
+    from triton.errors import TritonError  # the base of compile, ptxas and resource errors (3.x)
+except ImportError:  # an older Triton: no Gluon kernels run there anyway (_gluon() is None)
+    TritonError = RuntimeError
 
 from ..backends import compute_capability, interpreting
 from ..masks import Band
@@ -29,6 +39,12 @@ BLOCK_M = 128  # two consumer warpgroups of 64 rows
 
 
 SETTINGS = ("auto", "1", "0")
+# What a kernel that cannot be built on this machine raises: Triton's compile, ptxas and
+# resource errors, and the Python errors of a Gluon API that moved (a renamed function or
+# argument). Anything else (a launch's CUDA error, a wrong argument of ours) is not caught.
+BUILD_ERRORS = (TritonError, AttributeError, TypeError, ImportError)
+# Kernels that failed to build here, by (pass, head dim, dtype, causal): auto sends them to Triton.
+_FAILED: set = set()
 
 
 def setting(backward: bool = False) -> str:
@@ -91,7 +107,31 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         return False
     if choice == "auto" and not measured_faster(q.shape[3], k.shape[2], backward):
         return False
+    if choice == "auto" and _failure_key(backward, q, band.right == 0) in _FAILED:
+        return False
     return all(tma.addressable(t) for t in (q, k, v, out, *grads)) and _gluon() is not None
+
+
+def _failure_key(backward: bool, q: torch.Tensor, causal: bool) -> tuple:
+    return ("backward" if backward else "forward", q.shape[3], q.dtype, causal)
+
+
+def falls_back(backward: bool, q: torch.Tensor, causal: bool, error: BaseException) -> bool:
+    """Whether a call whose Gluon launch raised ``error`` should run the Triton kernels instead:
+    under ``auto``, when the kernel could not be built (BUILD_ERRORS). The kernel is then
+    remembered as broken for this process, and a warning says so once."""
+    if setting(backward) != "auto" or not isinstance(error, BUILD_ERRORS):
+        return False
+    key = _failure_key(backward, q, causal)
+    if key not in _FAILED:
+        _FAILED.add(key)
+        name = "FLASHTILE_GLUON_BWD" if backward else "FLASHTILE_GLUON"
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        warnings.warn(f"flashtile: the Gluon {key[0]} kernel (head dim {key[1]}, {str(key[2])[6:]}, causal={causal}) "
+                      f"failed to build with triton {triton.__version__} ({type(error).__name__}: {reason}); these "
+                      f"calls run the Triton kernels from now on. {name}=0 skips the Gluon kernels, {name}=1 makes "
+                      "this an error.", RuntimeWarning, stacklevel=4)
+    return True
 
 
 def _config(head_dim: int, seqlen_k: int) -> tuple[int, int]:

@@ -194,7 +194,11 @@ def attention_forward_triton(
     """
     if hopper.eligible(q, k, v, out, band, softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
                        dropout_p=dropout_p, varlen=varlen, block_mask=block_mask, score_mod=score_mod):
-        return hopper.forward(q, k, v, out, softmax_scale, causal=band.right == 0)
+        try:
+            return hopper.forward(q, k, v, out, softmax_scale, causal=band.right == 0)
+        except Exception as error:  # a kernel that cannot be built here: Triton's, under auto
+            if not hopper.falls_back(False, q, band.right == 0, error):
+                raise
     heads_q, head_dim = q.shape[1], q.shape[3]
     heads_kv = k.shape[1]
     batch, seqlen_q, seqlen_k = _problem(q, k, varlen)
@@ -331,8 +335,12 @@ def attention_backward_triton(
     if hopper.eligible(q, k, v, out, band, softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
                        dropout_p=dropout_p, varlen=varlen, block_mask=block_mask, score_mod=score_mod,
                        backward=True, grads=(dout, dq, dk, dv)):
-        hopper.backward(q, k, v, out, dout, lse, delta, softmax_scale, band.right == 0, dq, dk, dv)
-        return None
+        try:
+            hopper.backward(q, k, v, out, dout, lse, delta, softmax_scale, band.right == 0, dq, dk, dv)
+            return None
+        except Exception as error:  # a kernel that cannot be built here: Triton's, under auto
+            if not hopper.falls_back(True, q, band.right == 0, error):
+                raise
 
     use_tma = tma.wanted(varlen, q, k, v, dout)
 
