@@ -140,13 +140,17 @@ GRID = [
 ]
 
 
+def _case_id(case) -> str:
+    dtype, head_dim, (seqlen_q, seqlen_k), causal = case
+    return f"{str(dtype)[6:]}-d{head_dim}-q{seqlen_q}k{seqlen_k}-{'causal' if causal else 'full'}"
+
+
 # A copy that never lands would hang the kernel on its barrier: a timeout turns that into a failure.
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID,
-                         ids=[f"{str(g[0])[6:]}-d{g[1]}-q{g[2][0]}k{g[2][1]}-{'causal' if g[3] else 'full'}"
-                              for g in GRID])
+                         ids=[_case_id(case) for case in GRID])
 def test_gpu_gluon_forward_grid(gluon_calls, dtype, headdim, seqlens, causal):
     sq, sk = seqlens
     index = GRID.index((dtype, headdim, seqlens, causal))
@@ -229,8 +233,7 @@ BACKWARD_GRID = [case for case in GRID if case[1] in (64, 128)]
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon backward is built for sm_90")
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", BACKWARD_GRID,
-                         ids=[f"{str(g[0])[6:]}-d{g[1]}-q{g[2][0]}k{g[2][1]}-{'causal' if g[3] else 'full'}"
-                              for g in BACKWARD_GRID])
+                         ids=[_case_id(case) for case in BACKWARD_GRID])
 def test_gpu_gluon_backward_grid(gluon_backward_calls, dtype, headdim, seqlens, causal):
     sq, sk = seqlens
     index = BACKWARD_GRID.index((dtype, headdim, seqlens, causal))
