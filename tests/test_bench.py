@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 
 from flashtile import cli, naive_attention
-from flashtile.bench import PROVIDERS, SCENARIOS, Case, Provider, flops, providers
-from flashtile.bench.harness import MODES
+from flashtile.bench import PROVIDERS, SCENARIOS, Case, Provider, flops, providers, report, targets
+from flashtile.bench.harness import MODES, Grid, Measurement
 
 GPU_ONLY = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex", "flash-attn")
 TINY = ["bench", "--quick", "--device", "cpu", "--seqlens", "64", "--causal", "no", "--scenario", "dense"]
@@ -81,6 +82,7 @@ def test_quick_runs_on_the_cpu_and_writes_the_json(bench):
     }
     assert all(c["first_call_ms"] > 0 and c["overhead_ms"] >= 0 for c in first)
     assert "dense · bf16 · fwd" in out and "First-call cost" in out and "Cells not measured" in out
+    assert doc["targets"] == [] and "Targets" not in out  # no GPU provider ran: nothing to compare
 
 
 def test_flops_follow_the_convention_on_a_hand_case():
@@ -250,3 +252,42 @@ def test_gpu_providers_compute_the_same_attention():
     # bf16: the bound catches a misaligned mask or a wrong layout (errors of order 0.1–1),
     # not precision.
     _agree("cuda", torch.bfloat16, list(PROVIDERS), bound=3e-2)
+
+
+def _timed(provider, headdim, causal, seqlen, mode, ms, scenario="dense"):
+    case = Case(SCENARIOS[scenario](), torch.bfloat16, headdim, causal, seqlen, batch=16384 // seqlen,
+                heads=2048 // headdim)
+    return Measurement(provider, case, mode, "ok", ms=ms)
+
+
+def test_the_targets_are_checked_on_the_runs_own_cells():
+    cells = [
+        _timed("flashtile", 128, False, 16384, "fwd", 1.0), _timed("sdpa-cudnn", 128, False, 16384, "fwd", 0.94),
+        _timed("flashtile", 128, True, 16384, "bwd", 2.0), _timed("sdpa-cudnn", 128, True, 16384, "bwd", 2.2),
+        _timed("sdpa-cudnn", 128, False, 4096, "fwd", 9.0),  # no flashtile cell: not compared
+        _timed("flashtile", 64, False, 1024, "fwd", 1.0), _timed("sdpa-flash", 64, False, 1024, "fwd", 1.7),
+        _timed("flashtile", 128, False, 16384, "fwd", 1.0, scenario="document"),  # not a dense cell
+        _timed("flex", 128, False, 16384, "fwd", 0.5, scenario="document"),
+    ]
+    cells.append(Measurement("flex", cells[0].case, "fwd", "error", reason="boom"))  # failed: not compared
+    results = {r.target.provider: r for r in targets.check(cells)}
+    assert set(results) == {"sdpa-cudnn", "sdpa-flash"}  # Flex has no dense time to compare
+    cudnn = results["sdpa-cudnn"]
+    assert (cudnn.cells, cudnn.met, cudnn.holds) == (2, 1, False)
+    assert cudnn.worst_ratio == pytest.approx(0.94) and cudnn.worst_cell == "d128 full N=16384 fwd"
+    fa2 = results["sdpa-flash"]
+    assert (fa2.cells, fa2.met, fa2.holds) == (1, 1, True) and fa2.worst_ratio == pytest.approx(1.7)
+
+
+def test_the_report_prints_and_writes_the_targets(capsys):
+    cells = [_timed("flashtile", 128, False, 16384, "fwd", 1.0), _timed("sdpa-cudnn", 128, False, 16384, "fwd", 1.1)]
+    console = Console(width=200, force_terminal=False)
+    console.print(report.targets_table(cells))
+    out = capsys.readouterr().out
+    assert "d128, N = 16k: ≥ 1.0× SDPA cuDNN" in out and "×1.10 (d128 full N=16384 fwd)" in out and "yes" in out
+    grid = Grid((SCENARIOS["dense"](),), (torch.bfloat16,), (128,), (False,), (16384,), ("fwd",))
+    doc = report.to_json({}, grid, ["flashtile", "sdpa-cudnn"], cells, [], complete=True)
+    assert doc["targets"] == [{"target": "d128, N = 16k: ≥ 1.0× SDPA cuDNN", "provider": "sdpa-cudnn", "ratio": 1.0,
+                               "cells": 1, "met": 1, "worst_ratio": pytest.approx(1.1),
+                               "worst_cell": "d128 full N=16384 fwd", "holds": True}]
+    assert report.targets_table(cells[:1]) is None  # nothing to compare with

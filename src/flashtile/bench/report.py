@@ -20,6 +20,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from . import targets
 from .harness import DTYPE_NAMES, FirstCall, Grid, Measurement, Timer
 from .providers import PROVIDERS
 
@@ -98,6 +99,9 @@ def to_json(meta: dict, grid: Grid, providers: list[str], measurements: list[Mea
         "providers": {name: PROVIDERS[name].label for name in providers},
         "results": [m.to_json() for m in measurements],
         "first_call": [c.to_json() for c in calls],
+        "targets": [{"target": r.target.description, "provider": r.target.provider, "ratio": r.target.ratio,
+                     "cells": r.cells, "met": r.met, "worst_ratio": r.worst_ratio, "worst_cell": r.worst_cell,
+                     "holds": r.holds} for r in targets.check(measurements)],
     }
 
 
@@ -203,6 +207,22 @@ def first_call_table(calls: list[FirstCall], cold_cache: bool,
     return table
 
 
+def targets_table(measurements: list[Measurement]) -> Table | None:
+    """The brief's speed targets on this run's cells (targets.py); None when none applies."""
+    results = targets.check(measurements)
+    if not results:
+        return None
+    table = Table(title="Targets (PERFORMANCE.md), on this run's cells", title_justify="left",
+                  caption="worst: the smallest ratio of flashtile over that provider among the cells compared",
+                  caption_justify="left")
+    for name in ("target", "cells", "met", "worst", "holds"):
+        table.add_column(name, justify="left" if name in ("target", "worst") else "right")
+    for r in results:
+        table.add_row(r.target.description, str(r.cells), str(r.met), f"×{r.worst_ratio:.2f} ({r.worst_cell})",
+                      "[green]yes[/]" if r.holds else "[red]no[/]")
+    return table
+
+
 def _ms(ms: float) -> str:
     return f"{ms / 1e3:.2f} s" if ms >= 1000 else f"{ms:.3g} ms"
 
@@ -211,7 +231,7 @@ def print_report(console: Console, measurements: list[Measurement], providers: l
                  calls: list[FirstCall], *, cold_cache: bool = False) -> None:
     for table in tables(measurements, providers):
         console.print(table)
-    for table in (first_call_table(calls, cold_cache), not_run_table(measurements)):
+    for table in (targets_table(measurements), first_call_table(calls, cold_cache), not_run_table(measurements)):
         if table is not None:
             console.print(table)
 
