@@ -65,7 +65,8 @@ def test_info_shows_the_gluon_switches(run_cli, monkeypatch):
     code, out, _ = run_cli("info")
     assert code == 0
     assert "unset (auto" in _line_with(out, "FLASHTILE_GLUON ")
-    assert "1" in _line_with(out, "FLASHTILE_GLUON_BWD").replace("FLASHTILE_GLUON_BWD", "")
+    cells = [cell.strip() for cell in _line_with(out, "FLASHTILE_GLUON_BWD").split("│")]
+    assert cells[1:3] == ["FLASHTILE_GLUON_BWD", "1"], cells
 
 
 def test_demo_reports_agreement_time_memory_and_the_long_context(run_cli, monkeypatch):

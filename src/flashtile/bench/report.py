@@ -208,11 +208,11 @@ def first_call_table(calls: list[FirstCall], cold_cache: bool,
 
 
 def targets_table(measurements: list[Measurement]) -> Table | None:
-    """The brief's speed targets on this run's cells (targets.py); None when none applies."""
+    """The speed targets on this run's cells (targets.py); None when none applies."""
     results = targets.check(measurements)
     if not results:
         return None
-    table = Table(title="Targets (PERFORMANCE.md), on this run's cells", title_justify="left",
+    table = Table(title="Speed targets (docs/performance.md), on this run's cells", title_justify="left",
                   caption="worst: the smallest ratio of flashtile over that provider among the cells compared",
                   caption_justify="left")
     for name in ("target", "cells", "met", "worst", "holds"):

@@ -1,4 +1,4 @@
-"""The speed targets (PERFORMANCE.md of the project brief), checked on a run's own cells.
+"""The speed targets (docs/performance.md, from the project's brief), checked on a run's own cells.
 
 - dense, bf16, head dim 128, N = 16k, forward and backward: ≥ 1.0× SDPA's cuDNN backend;
 - every dense cell of the grid: ≥ 1.6× SDPA's flash backend (FA2) and ≥ 1.2× FlexAttention.

@@ -39,18 +39,25 @@ BLOCK_M = 128  # two consumer warpgroups of 64 rows
 
 
 SETTINGS = ("auto", "1", "0")
-# What a kernel that cannot be built on this machine raises: Triton's compile, ptxas and
-# resource errors, and the Python errors of a Gluon API that moved (a renamed function or
-# argument). Anything else (a launch's CUDA error, a wrong argument of ours) is not caught.
+_WORDS = {"true": "1", "on": "1", "yes": "1", "false": "0", "off": "0", "no": "0"}
+# What a kernel that cannot be built here raises: Triton's compile, ptxas and resource errors
+# (a Gluon API that moved inside a kernel surfaces as a CompilationError), MLIR's pass failure
+# (a plain RuntimeError), and the Python errors of a Gluon host API that moved (a renamed class
+# or argument in this file). A TypeError or AttributeError of our own making is caught too
+# under auto: the GPU tests run with the switches at 1, where nothing is caught.
 BUILD_ERRORS = (TritonError, AttributeError, TypeError, ImportError)
-# Kernels that failed to build here, by (pass, head dim, dtype, causal): auto sends them to Triton.
+_PASS_FAILURE = "PassManager::run failed"
+# Kernels that failed to build here, by (pass, head dim, dtype, causal): auto sends them to
+# Triton. (Pipeline depth is not in the key: one depth failing turns off the others too.)
 _FAILED: set = set()
 
 
 def setting(backward: bool = False) -> str:
-    """``FLASHTILE_GLUON`` (forward) or ``FLASHTILE_GLUON_BWD`` (backward): auto, 1 or 0."""
+    """``FLASHTILE_GLUON`` (forward) or ``FLASHTILE_GLUON_BWD`` (backward): auto, 1 or 0
+    (true/on/yes and false/off/no are read as 1 and 0)."""
     name = "FLASHTILE_GLUON_BWD" if backward else "FLASHTILE_GLUON"
     value = os.environ.get(name, "auto").strip().lower() or "auto"
+    value = _WORDS.get(value, value)
     if value not in SETTINGS:
         raise ValueError(f"{name}: expected one of {', '.join(SETTINGS)}, got {os.environ[name]!r}")
     return value
@@ -58,16 +65,16 @@ def setting(backward: bool = False) -> str:
 
 def measured_faster(head_dim: int, seqlen_k: int, backward: bool) -> bool:
     """Where the Gluon kernels beat the Triton ones on the H200 (bf16, 16k tokens, session 9,
-    docs/performance.md). Forward, TFLOP/s Gluon / Triton, non-causal at 1k / 4k / 16k: d64
-    319 / 388 / 408 against 372 / 342 / 358 (the Triton kernel wins below 4k keys), d128
-    489 / 615 / 582 against 366 / 457 / 479, d256 588 / 639 / 643 against 359 / 430 / 437.
-    Backward: d128 417 / 473 / 477 against 317 / 390 / 405 (kernel times), d64 295 / 344 /
-    359 against 319 / 369 / 378 (the Triton backward stays)."""
+    docs/performance.md), each measured through ``flashtile.attention`` as a user calls it.
+    Forward, TFLOP/s Gluon / Triton, non-causal at 1k / 4k / 16k: d64 319 / 388 / 408 against
+    372 / 342 / 358 (the Triton kernel wins below 4k keys), d128 489 / 615 / 582 against
+    366 / 457 / 479, d256 588 / 639 / 643 against 359 / 430 / 437. Backward, d128: 461 / 477 at
+    4k / 16k against 390 / 405, but at 1k 298 against 317 (causal 130 against 168): its kernels
+    alone are faster there too (0.83 against 1.08 ms), the host path of the call is not, so
+    the Gluon backward starts at 4k keys. d64: 295 / 344 / 359 against 319 / 369 / 378, never."""
     if backward:
-        return head_dim == 128
+        return head_dim == 128 and seqlen_k >= 4096
     return head_dim in (128, 256) or seqlen_k >= 4096
-
-
 @functools.lru_cache(maxsize=None)
 def _gluon():
     """The kernel module and Gluon's language and descriptor classes, or None where this
@@ -91,10 +98,12 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     """Whether this forward call (or with ``backward``, this backward call) can run on the
     Gluon kernels. q/out: (B, Hq, Sq, D), k/v: (B, Hkv, Sk, D), views of any strides;
     ``grads``: the backward's dout, dq, dk, dv, which TMA must address too."""
-    choice = setting(backward)
-    if choice == "0" or interpreting() or not q.is_cuda:
+    if interpreting() or not q.is_cuda or torch.version.hip is not None:  # ROCm reports MI200 as (9, 0)
         return False
     if compute_capability(q.device) != (9, 0):  # wgmma and setmaxnreg as on sm_90
+        return False
+    choice = setting(backward)  # read here: a typo in it matters only where Gluon could run
+    if choice == "0":
         return False
     plain = (softcap == 0 and alibi_slopes is None and bias is None and dropout_p == 0 and varlen is None
              and block_mask is None and score_mod is None and band.left is None and band.right in (None, 0))
@@ -107,22 +116,23 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         return False
     if choice == "auto" and not measured_faster(q.shape[3], k.shape[2], backward):
         return False
-    if choice == "auto" and _failure_key(backward, q, band.right == 0) in _FAILED:
+    if choice == "auto" and _failure_key(backward, q, causal=band.right == 0) in _FAILED:
         return False
     return all(tma.addressable(t) for t in (q, k, v, out, *grads)) and _gluon() is not None
 
 
-def _failure_key(backward: bool, q: torch.Tensor, causal: bool) -> tuple:
+def _failure_key(backward: bool, q: torch.Tensor, *, causal: bool) -> tuple:
     return ("backward" if backward else "forward", q.shape[3], q.dtype, causal)
 
 
-def falls_back(backward: bool, q: torch.Tensor, causal: bool, error: BaseException) -> bool:
+def falls_back(error: BaseException, q: torch.Tensor, *, backward: bool, causal: bool) -> bool:
     """Whether a call whose Gluon launch raised ``error`` should run the Triton kernels instead:
     under ``auto``, when the kernel could not be built (BUILD_ERRORS). The kernel is then
     remembered as broken for this process, and a warning says so once."""
-    if setting(backward) != "auto" or not isinstance(error, BUILD_ERRORS):
+    build_error = isinstance(error, BUILD_ERRORS) or (type(error) is RuntimeError and _PASS_FAILURE in str(error))
+    if setting(backward) != "auto" or not build_error:
         return False
-    key = _failure_key(backward, q, causal)
+    key = _failure_key(backward, q, causal=causal)
     if key not in _FAILED:
         _FAILED.add(key)
         name = "FLASHTILE_GLUON_BWD" if backward else "FLASHTILE_GLUON"
@@ -135,10 +145,12 @@ def falls_back(backward: bool, q: torch.Tensor, causal: bool, error: BaseExcepti
 
 
 def _config(head_dim: int, seqlen_k: int) -> tuple[int, int]:
-    """(BLOCK_N, NUM_STAGES). d128: measured on the H200 (docs/performance.md, attempt 26):
-    2 stages ahead at N = 1k (539 against 521 TFLOP/s), 3 at 4k (586 against 566), even at
-    16k. d64: 3 stages of 128-key tiles (115 KiB of shared memory); d256: 2 stages of 64-key
-    tiles (197 KiB); neither timed yet."""
+    """(BLOCK_N, NUM_STAGES). d128: from attempt 26's probe (docs/performance.md), 2 stages
+    ahead at N = 1k (539 against 521 TFLOP/s), 3 at 4k (586 against 566), even at 16k; session
+    9's small-N probe (one timing each, CUDA graphs) had 3 ahead non-causal at 2k and 4k
+    (565 / 554 against 525 / 485) and 2 ahead causal at 4k (498 against 445), which a sweep is
+    to settle. d64: 3 stages of 128-key tiles (115 KiB of shared memory); 2 stages were 1-3%
+    ahead in every cell of that probe. d256: 2 stages of 64-key tiles (197 KiB; 3 do not fit)."""
     if head_dim == 128:
         return 128, (3 if seqlen_k >= 4096 else 2)
     if head_dim == 256:
@@ -182,9 +194,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     return lse
 
 
-# The backward's tiles (compile-checked, not yet timed): dK/dV streams 64 query rows past
-# 128 keys (64 per consumer warpgroup), 2 stages at d128 (its registers reach R237 of 240)
-# and 3 at d64; dQ streams 64-key tiles past 128 query rows, 3 stages.
+# The backward's tiles: dK/dV streams 64 query rows past 128 keys (64 per consumer warpgroup),
+# 2 stages at d128 (its registers reach R237 of 240) and 3 at d64; dQ streams 64-key tiles past
+# 128 query rows, 3 stages. Timed on the H200 in session 9 (check_bwd.py, d128): 3 dK/dV stages
+# were up to 6% slower, 128-key dQ tiles within 4% either way; at d64 these tiles are slower
+# than the Triton backward.
 BWD_DKDV = {128: (64, 128, 2), 64: (64, 128, 3)}
 BWD_DQ = {128: (128, 64, 3), 64: (128, 64, 3)}
 STATS_ROWS = 128  # the LSE and D rows are padded to a multiple of the dQ kernel's BLOCK_M

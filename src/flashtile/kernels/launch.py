@@ -197,7 +197,7 @@ def attention_forward_triton(
         try:
             return hopper.forward(q, k, v, out, softmax_scale, causal=band.right == 0)
         except Exception as error:  # a kernel that cannot be built here: Triton's, under auto
-            if not hopper.falls_back(False, q, band.right == 0, error):
+            if not hopper.falls_back(error, q, backward=False, causal=band.right == 0):
                 raise
     heads_q, head_dim = q.shape[1], q.shape[3]
     heads_kv = k.shape[1]
@@ -339,7 +339,7 @@ def attention_backward_triton(
             hopper.backward(q, k, v, out, dout, lse, delta, softmax_scale, band.right == 0, dq, dk, dv)
             return None
         except Exception as error:  # a kernel that cannot be built here: Triton's, under auto
-            if not hopper.falls_back(True, q, band.right == 0, error):
+            if not hopper.falls_back(error, q, backward=True, causal=band.right == 0):
                 raise
 
     use_tma = tma.wanted(varlen, q, k, v, dout)

@@ -48,7 +48,7 @@ def addressable(t: torch.Tensor) -> bool:
         return False
     if interpreting():
         return True
-    return t.is_cuda and compute_capability(t.device)[0] >= 9
+    return t.is_cuda and torch.version.hip is None and compute_capability(t.device)[0] >= 9
 
 
 def wanted(varlen, *tensors: torch.Tensor) -> bool:
