@@ -154,3 +154,15 @@ def test_python_dash_m_runs_the_same_command():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "agreement: pass" in result.stdout
 
+
+
+def test_info_says_whether_the_hopper_kernels_can_run_here(run_cli):
+    code, out, _ = run_cli("info")
+    assert code == 0
+    cells = [cell.strip() for cell in _line_with(out, "Hopper kernels (Gluon)").split("│")]
+    if not torch.cuda.is_available():
+        assert cells[2:4] == ["no", "no CUDA GPU"], cells
+    elif torch.cuda.get_device_capability() == (9, 0) and torch.version.hip is None:
+        assert cells[2] == "yes", cells
+    else:
+        assert cells[2] == "no" and "9.0" in cells[3], cells

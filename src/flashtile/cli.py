@@ -357,6 +357,13 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
         backends.add_column(column)
     for status in backend_status():
         backends.add_row(status.name, "[green]yes[/]" if status.available else "[red]no[/]", status.reason)
+    try:
+        from .kernels import hopper
+
+        gluon, why = hopper.availability()
+    except ImportError as err:  # no Triton here
+        gluon, why = False, f"needs Triton ({err})"
+    backends.add_row("triton: Hopper kernels (Gluon)", "[green]yes[/]" if gluon else "[red]no[/]", why)
     console.print(backends)
 
     env = Table(title="Environment", show_header=False)

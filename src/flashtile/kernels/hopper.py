@@ -92,6 +92,21 @@ def _gluon():
     return gluon_fwd, gl, TensorDescriptor, gluon_bwd
 
 
+def availability() -> tuple[bool, str]:
+    """Whether this machine can run the Gluon kernels (on the current GPU), and why not."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU"
+    if torch.version.hip is not None:
+        return False, "a ROCm GPU: the kernels are written for NVIDIA Hopper"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return False, f"they need compute capability 9.0 (H100/H200); this GPU has {major}.{minor}"
+    if _gluon() is None:
+        return False, f"triton {triton.__version__} has no Gluon they build with (3.6 or newer)"
+    return True, (f"sm_90 and triton {triton.__version__}: plain attention takes them as FLASHTILE_GLUON and "
+                  "FLASHTILE_GLUON_BWD say")
+
+
 def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, band: Band, *, softcap: float,
              alibi_slopes, bias, dropout_p: float, varlen, block_mask, score_mod, backward: bool = False,
              grads: tuple = ()) -> bool:
