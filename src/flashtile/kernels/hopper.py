@@ -7,7 +7,7 @@ Triton kernels. ``FLASHTILE_GLUON`` (forward) and ``FLASHTILE_GLUON_BWD`` (backw
 
 - ``auto`` (the default): Gluon where the H200 measured it faster than the Triton kernels
   (docs/performance.md, session 9): the forward at head dims 128 and 256, and at 64 from
-  4k keys; the backward at head dim 128;
+  4k keys; the backward at head dim 128 from 4k keys;
 - ``1``: Gluon for every call it covers (the tests use this to reach every shape);
 - ``0``: never.
 
@@ -75,6 +75,8 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool) -> bool:
     if backward:
         return head_dim == 128 and seqlen_k >= 4096
     return head_dim in (128, 256) or seqlen_k >= 4096
+
+
 @functools.lru_cache(maxsize=None)
 def _gluon():
     """The kernel module and Gluon's language and descriptor classes, or None where this
@@ -92,17 +94,27 @@ def _gluon():
     return gluon_fwd, gl, TensorDescriptor, gluon_bwd
 
 
+@functools.lru_cache(maxsize=None)
+def _unsupported(device_index: int) -> str | None:
+    """Why CUDA device ``device_index`` cannot run the Gluon kernels, or None when it can:
+    asked once per device, by every eligible() call and by ``flashtile info``."""
+    if torch.version.hip is not None:  # ROCm reports MI200 as (9, 0)
+        return "a ROCm GPU: the kernels are written for NVIDIA Hopper"
+    major, minor = compute_capability(torch.device("cuda", device_index))
+    if (major, minor) != (9, 0):  # wgmma and setmaxnreg as on sm_90
+        return f"they need compute capability 9.0 (H100/H200); this GPU has {major}.{minor}"
+    if _gluon() is None:
+        return f"triton {triton.__version__} has no Gluon they build with (3.6 or newer)"
+    return None
+
+
 def availability() -> tuple[bool, str]:
     """Whether this machine can run the Gluon kernels (on the current GPU), and why not."""
     if not torch.cuda.is_available():
         return False, "no CUDA GPU"
-    if torch.version.hip is not None:
-        return False, "a ROCm GPU: the kernels are written for NVIDIA Hopper"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        return False, f"they need compute capability 9.0 (H100/H200); this GPU has {major}.{minor}"
-    if _gluon() is None:
-        return False, f"triton {triton.__version__} has no Gluon they build with (3.6 or newer)"
+    reason = _unsupported(torch.cuda.current_device())
+    if reason is not None:
+        return False, reason
     return True, (f"sm_90 and triton {triton.__version__}: plain attention takes them as FLASHTILE_GLUON and "
                   "FLASHTILE_GLUON_BWD say")
 
@@ -113,9 +125,9 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     """Whether this forward call (or with ``backward``, this backward call) can run on the
     Gluon kernels. q/out: (B, Hq, Sq, D), k/v: (B, Hkv, Sk, D), views of any strides;
     ``grads``: the backward's dout, dq, dk, dv, which TMA must address too."""
-    if interpreting() or not q.is_cuda or torch.version.hip is not None:  # ROCm reports MI200 as (9, 0)
+    if interpreting() or not q.is_cuda:
         return False
-    if compute_capability(q.device) != (9, 0):  # wgmma and setmaxnreg as on sm_90
+    if _unsupported(q.device.index if q.device.index is not None else torch.cuda.current_device()) is not None:
         return False
     choice = setting(backward)  # read here: a typo in it matters only where Gluon could run
     if choice == "0":
@@ -133,7 +145,7 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         return False
     if choice == "auto" and _failure_key(backward, q, causal=band.right == 0) in _FAILED:
         return False
-    return all(tma.addressable(t) for t in (q, k, v, out, *grads)) and _gluon() is not None
+    return all(tma.addressable(t) for t in (q, k, v, out, *grads))
 
 
 def _failure_key(backward: bool, q: torch.Tensor, *, causal: bool) -> tuple:
