@@ -35,10 +35,15 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def cuda_index(device: torch.device) -> int:
+    """The index of a CUDA device; "cuda" without one means the current device."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def compute_capability(device: torch.device) -> tuple[int, int]:
     """(major, minor) of a CUDA device, asked of the driver once per device: torch's query
     costs microseconds, and the launch path asks it for every tensor it hands to TMA."""
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+    return _capability(cuda_index(device))
 
 
 def interpreting() -> bool:

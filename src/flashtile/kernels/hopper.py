@@ -30,7 +30,7 @@ try:
 except ImportError:  # an older Triton: no Gluon kernels run there anyway (_gluon() is None)
     TritonError = RuntimeError
 
-from ..backends import compute_capability, interpreting
+from ..backends import compute_capability, cuda_index, interpreting
 from ..masks import Band
 from . import tma
 
@@ -127,7 +127,7 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     ``grads``: the backward's dout, dq, dk, dv, which TMA must address too."""
     if interpreting() or not q.is_cuda:
         return False
-    if _unsupported(q.device.index if q.device.index is not None else torch.cuda.current_device()) is not None:
+    if _unsupported(cuda_index(q.device)) is not None:
         return False
     choice = setting(backward)  # read here: a typo in it matters only where Gluon could run
     if choice == "0":
