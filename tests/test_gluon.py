@@ -17,6 +17,7 @@ import torch
 
 import flashtile
 from flashtile.kernels import hopper
+from flashtile.kernels.launch import gluon_backward_stats
 from flashtile.masks import Band
 from flashtile.testing import assert_close_to_oracle
 from test_kernels import check_case
@@ -138,6 +139,28 @@ def test_a_gluon_error_is_raised_when_forced_or_not_a_build_error(monkeypatch):
     with pytest.warns(RuntimeWarning, match="PassManager::run failed"):  # MLIR's pipeline failing: a build error
         assert hopper.falls_back(RuntimeError("PassManager::run failed"), q, backward=False, causal=True)
     assert hopper._FAILED == {("forward", 64, torch.bfloat16, True)}
+
+
+@pytest.mark.parametrize("with_dlse", [False, True], ids=["out", "out+lse"])
+def test_the_gluon_backward_stats_come_padded_from_one_preprocess(with_dlse):
+    # The Gluon backward reads LSE·log2(e) and D from (B·Hq, S_pad) rows; the preprocess writes
+    # them there, padding rows included (+inf and 0), on the CPU through the interpreter.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    batch, heads, seqlen, head_dim = 2, 3, 130, 40  # S_pad = 256: two padding blocks per row
+    out, dout = (torch.randn(batch, seqlen, heads, head_dim, device=device).transpose(1, 2) for _ in range(2))
+    lse = torch.randn(batch, heads, seqlen, device=device)
+    lse[0, 1, 5:9] = float("-inf")  # rows that saw no key
+    dlse = torch.randn(batch, heads, seqlen, device=device) if with_dlse else None
+    lse2, delta = gluon_backward_stats(out, dout, lse, dlse)
+
+    assert lse2.shape == delta.shape == (batch * heads, 256)
+    expected_lse2 = torch.full((batch * heads, 256), float("inf"), device=device)
+    expected_lse2[:, :seqlen] = torch.where(lse == float("-inf"), float("inf"), lse * hopper.LOG2E).reshape(-1, seqlen)
+    expected_delta = torch.zeros((batch * heads, 256), device=device)
+    rowsum = (out.double() * dout.double()).sum(-1) - (dlse.double() if with_dlse else 0)
+    expected_delta[:, :seqlen] = rowsum.reshape(-1, seqlen).float()
+    torch.testing.assert_close(lse2, expected_lse2, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(delta, expected_delta, rtol=1e-5, atol=1e-5)
 
 
 GRID = [

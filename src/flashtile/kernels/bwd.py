@@ -17,14 +17,22 @@ from .common import (LN2, LOG2E, _band_mask, _dropout_keep, _key_tiles, _load_bi
 
 @triton.jit
 def _bwd_preprocess(
-    Out, DO, DLSE, Delta, Cu_seqlens_q,
+    Out, DO, DLSE, Delta, Cu_seqlens_q, LSE, LSE2,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_dob, stride_doh, stride_dom, stride_dod,
-    stride_lb, stride_lh,
+    stride_lb, stride_lh, stride_padded,
     num_heads_q, seqlen_q, num_m_blocks,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PADDED: tl.constexpr,
 ):
+    """D = rowsum(dO ∘ O) − dLSE for BLOCK_M rows of one (batch, head).
+
+    Without PADDED, D is written in the LSE's layout (strides stride_lb, stride_lh). With
+    PADDED (the Gluon backward's layout, kernels/hopper.py), D and LSE·log2(e) go to
+    (B·Hq, stride_padded) rows and the grid covers every padded row: rows past the end and
+    rows that saw no key (LSE = −inf) get LSE·log2(e) = +inf, so their P is exactly 0, and
+    D = 0 past the end. One launch instead of the six small torch operations that built them.
+    """
     pid = tl.program_id(0)
     block_m = pid % num_m_blocks
     bh = pid // num_m_blocks
@@ -36,7 +44,8 @@ def _bwd_preprocess(
         seqlen_q = tl.load(Cu_seqlens_q + batch + 1) - start_q
     offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
-    mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    inside = offs_m < seqlen_q
+    mask = inside[:, None] & (offs_d[None, :] < HEAD_DIM)
     rows = (start_q + offs_m[:, None]).to(tl.int64)
     o = tl.load(Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + rows * stride_om
                 + offs_d[None, :] * stride_od, mask=mask, other=0.0).to(tl.float32)
@@ -45,8 +54,14 @@ def _bwd_preprocess(
     delta = tl.sum(o * do, axis=1)
     row_base = batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + start_q  # LSE's layout
     if HAS_DLSE:  # dLSE_i/dS_ij = P_ij, so a gradient into the LSE only shifts D
-        delta -= tl.load(DLSE + row_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
-    tl.store(Delta + row_base + offs_m, delta, mask=offs_m < seqlen_q)
+        delta -= tl.load(DLSE + row_base + offs_m, mask=inside, other=0.0)
+    if PADDED:
+        padded = bh.to(tl.int64) * stride_padded + offs_m
+        lse = tl.load(LSE + row_base + offs_m, mask=inside, other=float("-inf"))
+        tl.store(LSE2 + padded, tl.where(lse == float("-inf"), float("inf"), lse * LOG2E))
+        tl.store(Delta + padded, delta)
+    else:
+        tl.store(Delta + row_base + offs_m, delta, mask=inside)
 
 
 @triton.jit

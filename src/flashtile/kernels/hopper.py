@@ -231,19 +231,14 @@ BWD_DQ = {128: (128, 64, 3), 64: (128, 64, 3)}
 STATS_ROWS = 128  # the LSE and D rows are padded to a multiple of the dQ kernel's BLOCK_M
 
 
-def backward(q, k, v, out, dout, lse, delta, softmax_scale: float, causal: bool, dq, dk, dv) -> None:
-    """Write dq (B, Hq, Sq, D) and dk, dv (B, Hkv, Sk, D). ``delta`` (B, Hq, Sq), float32:
-    rowsum(dO ∘ O) less any LSE gradient, from bwd.py's preprocess."""
+def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq, dk, dv) -> None:
+    """Write dq (B, Hq, Sq, D) and dk, dv (B, Hkv, Sk, D). ``lse2`` and ``delta`` (B·Hq, S_pad),
+    float32, S_pad a multiple of STATS_ROWS: LSE·log2(e) and rowsum(dO ∘ O) less any LSE
+    gradient, padding rows (and rows that saw no key) +inf and 0, so their P is exactly 0 and
+    no tile needs a row mask (launch.py's gluon_backward_stats writes them)."""
     _, gl, TensorDescriptor, gluon_bwd = _gluon()
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    # The kernels read LSE·log2(e) and D from (B·Hq, S_pad) rows: padding rows (and rows that
-    # saw no key) get +inf and 0, so their P is exactly 0 and no tile needs a row mask.
-    s_pad = triton.cdiv(seqlen_q, STATS_ROWS) * STATS_ROWS
-    lse2 = torch.full((batch * heads_q, s_pad), float("inf"), dtype=torch.float32, device=q.device)
-    delta_pad = torch.zeros((batch * heads_q, s_pad), dtype=torch.float32, device=q.device)
-    lse2[:, :seqlen_q] = torch.where(lse == float("-inf"), float("inf"), lse * LOG2E).reshape(-1, seqlen_q)
-    delta_pad[:, :seqlen_q] = delta.reshape(-1, seqlen_q)
     qk_scale = softmax_scale * LOG2E
     group = heads_q // heads_kv
 
@@ -257,7 +252,7 @@ def backward(q, k, v, out, dout, lse, delta, softmax_scale: float, causal: bool,
     gluon_bwd._dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
         _tile_descriptor(q, block_m), _tile_descriptor(dout, block_m), _tile_descriptor(k, block_n // 2),
         _tile_descriptor(v, block_n // 2), _tile_descriptor(dk, block_n // 2), _tile_descriptor(dv, block_n // 2),
-        stats(lse2), stats(delta_pad), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks, qk_scale,
+        stats(lse2), stats(delta), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks, qk_scale,
         softmax_scale,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
@@ -266,7 +261,7 @@ def backward(q, k, v, out, dout, lse, delta, softmax_scale: float, causal: bool,
     num_m_blocks = triton.cdiv(seqlen_q, block_m)
     gluon_bwd._dq_kernel[(num_m_blocks * batch * heads_q,)](
         _tile_descriptor(q, block_m // 2), _tile_descriptor(dout, block_m // 2), _tile_descriptor(k, block_n),
-        _tile_descriptor(v, block_n), _tile_descriptor(dq, block_m // 2), lse2, delta_pad, lse2.stride(0),
+        _tile_descriptor(v, block_n), _tile_descriptor(dq, block_m // 2), lse2, delta, lse2.stride(0),
         heads_q, group, seqlen_q, seqlen_k, num_m_blocks, qk_scale, softmax_scale,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,

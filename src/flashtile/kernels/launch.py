@@ -249,6 +249,35 @@ def attention_forward_triton(
     return lse
 
 
+PREPROCESS_ROWS = 64  # rows of D per preprocess program
+
+
+def gluon_backward_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
+                         dlse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """LSE·log2(e) and D = rowsum(dO ∘ O) − dLSE in the Gluon backward's layout: (B·Hq, S_pad)
+    float32, S_pad a multiple of ``hopper.STATS_ROWS``, padding rows +inf and 0. out/dout
+    (B, Hq, Sq, D) views, lse/dlse (B, Hq, Sq) contiguous. One preprocess launch."""
+    batch, heads_q, seqlen_q, head_dim = out.shape
+    s_pad = triton.cdiv(seqlen_q, hopper.STATS_ROWS) * hopper.STATS_ROWS
+    lse2 = torch.empty(batch * heads_q, s_pad, dtype=torch.float32, device=out.device)
+    delta = torch.empty_like(lse2)
+    num_m_pre = s_pad // PREPROCESS_ROWS
+    _bwd_preprocess[(num_m_pre * batch * heads_q,)](
+        out, dout, dlse if dlse is not None else lse, delta, lse, lse, lse2,
+        *out.stride(), *dout.stride(), lse.stride(0), lse.stride(1), s_pad,
+        heads_q, seqlen_q, num_m_pre,
+        HEAD_DIM=head_dim, HEAD_DIM_PADDED=_padded_head_dim(head_dim), BLOCK_M=PREPROCESS_ROWS,
+        HAS_DLSE=dlse is not None, IS_VARLEN=False, PADDED=True,
+    )
+    return lse2, delta
+
+
+def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale: float, causal: bool, dq, dk, dv) -> None:
+    """The Hopper backward (kernels/hopper.py) after a preprocess that writes its padded rows."""
+    lse2, delta = gluon_backward_stats(out, dout, lse, dlse)
+    hopper.backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv)
+
+
 def attention_backward_triton(
     dout: torch.Tensor,
     q: torch.Tensor,
@@ -285,14 +314,23 @@ def attention_backward_triton(
     batch, seqlen_q, seqlen_k = _problem(q, k, varlen)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
+    lse = lse.contiguous()
+    if dlse is not None:
+        dlse = dlse.contiguous()
+    if hopper.eligible(q, k, v, out, band, softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
+                       dropout_p=dropout_p, varlen=varlen, block_mask=block_mask, score_mod=score_mod,
+                       backward=True, grads=(dout, dq, dk, dv)):
+        try:
+            _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, band.right == 0, dq, dk, dv)
+            return None
+        except Exception as error:  # a kernel that cannot be built here: Triton's, under auto
+            if not hopper.falls_back(error, q, backward=True, causal=band.right == 0):
+                raise
     head_dim_padded = _padded_head_dim(head_dim)
     causal_like = band.right is not None  # causal or a right window: the diagonal-heavy configs
     cfg_dkdv, cfg_dq = backward_configs(head_dim_padded, q.dtype, causal_like, q.device,
                                         **_fit_args(bias, block_mask, dropout_p, backward=True))
-    lse = lse.contiguous()
     delta = torch.empty_like(lse)
-    if dlse is not None:
-        dlse = dlse.contiguous()
     cu_q, cu_k = (varlen.cu_seqlens_q, varlen.cu_seqlens_k) if varlen is not None else (lse, lse)
     if varlen is not None:  # rows outside every sequence are never visited
         for grad, cu in ((dq, cu_q), (dk, cu_k), (dv, cu_k)):
@@ -322,25 +360,14 @@ def attention_backward_triton(
     window = (band.left or 0, band.right or 0)
     qk_scale = _qk_scale(softmax_scale, softcap)
 
-    pre_block = 64
-    num_m_pre = triton.cdiv(seqlen_q, pre_block)
+    num_m_pre = triton.cdiv(seqlen_q, PREPROCESS_ROWS)
     _bwd_preprocess[(num_m_pre * batch * heads_q,)](
-        out, dout, dlse if dlse is not None else delta, delta, cu_q,
-        *_batch_stride(out, varlen), *_batch_stride(dout, varlen), *lse_strides,
+        out, dout, dlse if dlse is not None else delta, delta, cu_q, lse, delta,
+        *_batch_stride(out, varlen), *_batch_stride(dout, varlen), *lse_strides, 0,
         heads_q, seqlen_q, num_m_pre,
-        HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, BLOCK_M=pre_block, HAS_DLSE=dlse is not None,
-        IS_VARLEN=varlen is not None,
+        HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=dlse is not None,
+        IS_VARLEN=varlen is not None, PADDED=False,
     )
-
-    if hopper.eligible(q, k, v, out, band, softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
-                       dropout_p=dropout_p, varlen=varlen, block_mask=block_mask, score_mod=score_mod,
-                       backward=True, grads=(dout, dq, dk, dv)):
-        try:
-            hopper.backward(q, k, v, out, dout, lse, delta, softmax_scale, band.right == 0, dq, dk, dv)
-            return None
-        except Exception as error:  # a kernel that cannot be built here: Triton's, under auto
-            if not hopper.falls_back(error, q, backward=True, causal=band.right == 0):
-                raise
 
     use_tma = tma.wanted(varlen, q, k, v, dout)
 
