@@ -1,0 +1,92 @@
+"""Host time of the Gluon path on a machine without a GPU: the Python up to the launches.
+
+    TRITON_INTERPRET=1 python benchmarks/probes/gluon_host_cpu.py [--calls 300] [--profile]
+
+The Gluon kernels and the backward's preprocess are replaced by launches that do nothing,
+and ``hopper.eligible`` answers yes, so tiny CPU tensors (1 × 128 × 2 × 128, bf16) walk the
+path a d128 call takes on an H200: argument checks, the autograd Function, the op
+dispatch, the buffers, the descriptors. Left out: the eligibility check itself, Triton's
+launcher and the driver. Prints µs per call for a forward without grad and for forward +
+backward (``torch.autograd.grad``), medians of five rounds; ``--profile`` adds cProfile's
+top functions of forward + backward. For comparing two trees (PYTHONPATH=.old/src), not
+for absolute figures: the H200 machine's CPU ran the same path ~2-3× slower than this one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import time
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ["FLASHTILE_BACKEND"] = "triton"
+
+import torch  # noqa: E402
+
+import flashtile  # noqa: E402
+from flashtile.kernels import gluon_bwd, gluon_fwd, hopper, launch  # noqa: E402
+
+
+class _NoLaunch:
+    """kernel[grid](...) that launches nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def stub_kernels() -> None:
+    hopper.eligible = lambda *args, **kwargs: True
+    gluon_fwd._fwd_pingpong_kernel = _NoLaunch()
+    gluon_bwd._dkdv_kernel = _NoLaunch()
+    gluon_bwd._dq_kernel = _NoLaunch()
+    launch._bwd_preprocess = _NoLaunch()
+
+
+def per_call_us(fn, calls: int) -> float:
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(rounds)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    stub_kernels()
+    q, k, v = (torch.randn(1, 128, 2, 128, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(1, 128, 2, 128, dtype=torch.bfloat16)
+
+    def forward():
+        with torch.no_grad():
+            flashtile.attention(q, k, v, causal=True)
+
+    def forward_backward():
+        out = flashtile.attention(q, k, v, causal=True)
+        torch.autograd.grad(out, (q, k, v), dout)
+
+    for fn in (forward, forward_backward):
+        fn()  # first call: imports, caches
+    print(f"torch {torch.__version__}: forward {per_call_us(forward, args.calls):.1f} µs, "
+          f"forward + backward {per_call_us(forward_backward, args.calls):.1f} µs per call (kernels stubbed)")
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(args.calls):
+            forward_backward()
+        profile.disable()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
+        print(text.getvalue())
+
+
+if __name__ == "__main__":
+    main()
