@@ -16,6 +16,9 @@
 #   bash benchmarks/gpu_final.sh gluon-bwd  # the Gluon backward probe (benchmarks/probes/gluon_bwd): its oracle
 #                                        # cases against autograd, its timing beside SDPA, then the library's
 #                                        # backward grid (tests/test_gluon.py -k backward); ~300 s
+#   bash benchmarks/gpu_final.sh probes  # the five-product backward probe (probes/gluon_bwd_atomic/check.py:
+#                                        # oracle cases, then time beside the library's and SDPA's), then the
+#                                        # Gluon config sweep (probes/gluon_sweep.py); ~400 s
 #   bash benchmarks/gpu_final.sh loops   # block-mask loops (attempt 22: runs of full tiles): masks.py (Flex
 #                                        # included), mask_tiles.py ranges (as built / run loop / tile by
 #                                        # tile); the decode append kernel (attempt 23): launch_overhead.py's
@@ -129,6 +132,10 @@ case ${1:-tests} in
       -p no:benchmark -n "${WORKERS:-8}" --timeout=300 tests/test_gluon.py -m gpu -k backward \
       > "$OUT/tests-gluon-bwd.log" 2>&1
     grep -v "Warn" "$OUT/gluon-bwd.log" | tail -40; tail -3 "$OUT/tests-gluon-bwd.log"; cat "$OUT/times.txt" ;;
+  probes)
+    step timeout "${ATOMIC_LIMIT:-150}" python3 benchmarks/probes/gluon_bwd_atomic/check.py --d64 > "$OUT/atomic.log" 2>&1
+    step timeout "${SWEEP_LIMIT:-300}" python3 benchmarks/probes/gluon_sweep.py > "$OUT/sweep.log" 2>&1
+    grep -v "Warn" "$OUT/atomic.log" | tail -30; grep -v "Warn" "$OUT/sweep.log"; cat "$OUT/times.txt" ;;
   checks)
     # The property test runs meanwhile, on the second GPU where there is one, its six shards
     # on six workers (compile-bound: most problems bring new kernels).
