@@ -44,7 +44,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import accumulator_layout, stream_kv_tiles, tma_load, tma_store
+from .gluon_common import accumulator_layout, q_tile_of_program, stream_kv_tiles, tma_load, tma_store
 
 
 
@@ -331,19 +331,9 @@ def _dq_kernel(
     gl.static_assert(num_warps == 4)
     HALF_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = q_desc.dtype
-    pid = gl.program_id(0)
-    block_m = pid % num_m_blocks
-    bh = pid // num_m_blocks
-    batch = bh // heads_q
-    head = bh % heads_q
-    if CAUSAL:  # the last Q tiles see the most keys: start them first
-        block_m = num_m_blocks - 1 - block_m
-    head_kv = head // group_size
-    q_start = block_m * BLOCK_M
-    if CAUSAL:
-        kv_end = gl.minimum(seqlen_k, gl.maximum(q_start + BLOCK_M + seqlen_k - seqlen_q, 0))
-    else:
-        kv_end = seqlen_k
+    batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, heads_q, group_size,
+                                                              seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
+    bh = batch * heads_q + head
     n_tiles = gl.cdiv(kv_end, BLOCK_N)  # may be 0 (causal, Sq > Sk): dQ = 0 is written
     LSE2_row = LSE2 + bh.to(gl.int64) * stride_lrow
     Delta_row = Delta + bh.to(gl.int64) * stride_lrow

@@ -1,5 +1,6 @@
 """What the Gluon kernels (gluon_fwd.py, gluon_bwd.py) share: TMA copy names across Triton
-versions, the register layout of a wgmma accumulator, and the loader's K/V ring."""
+versions, the register layout of a wgmma accumulator, the Q tile a program owns, and the
+loader's K/V ring."""
 
 from __future__ import annotations
 
@@ -41,3 +42,24 @@ def stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v
         mbarrier.wait(v_empty.index(slot), free_phase)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
         tma_load(v_desc, [batch, head_kv, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def q_tile_of_program(pid, num_m_blocks, heads_q, group_size, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr,
+                      CAUSAL: gl.constexpr):
+    """(batch, head, head_kv, q_start, kv_end) of program ``pid`` of the forward or the dQ
+    kernel: Q tiles fastest in the grid, and under CAUSAL the last tiles of a head (which see
+    the most keys) started first; kv_end is where the keys its rows see end (bottom-right
+    aligned causal: up to the tile's last row's diagonal)."""
+    block_m = pid % num_m_blocks
+    bh = pid // num_m_blocks
+    batch = bh // heads_q
+    head = bh % heads_q
+    if CAUSAL:
+        block_m = num_m_blocks - 1 - block_m
+    q_start = block_m * BLOCK_M
+    if CAUSAL:
+        kv_end = gl.minimum(seqlen_k, gl.maximum(q_start + BLOCK_M + seqlen_k - seqlen_q, 0))
+    else:
+        kv_end = seqlen_k
+    return batch, head, head // group_size, q_start, kv_end

@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import accumulator_layout, stream_kv_tiles, tma_load, tma_store
+from .gluon_common import accumulator_layout, q_tile_of_program, stream_kv_tiles, tma_load, tma_store
 
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -175,19 +175,8 @@ def _fwd_pingpong_kernel(
     gl.static_assert(num_warps == 4)
     HALF_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = q_desc.dtype
-    pid = gl.program_id(0)
-    block_m = pid % num_m_blocks
-    bh = pid // num_m_blocks
-    batch = bh // num_heads_q
-    head = bh % num_heads_q
-    if CAUSAL:  # the last Q tiles see the most keys: start them first
-        block_m = num_m_blocks - 1 - block_m
-    head_kv = head // group_size
-    q_start = block_m * BLOCK_M
-    if CAUSAL:  # keys up to the tile's last row's diagonal (bottom-right aligned)
-        kv_end = gl.minimum(seqlen_k, gl.maximum(q_start + BLOCK_M + seqlen_k - seqlen_q, 0))
-    else:
-        kv_end = seqlen_k
+    batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, num_heads_q,
+                                                              group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
     # At least one tile: rows that see no key at all still run (masked) and write O = 0,
     # LSE = -inf; the host never launches with seqlen_k = 0.
     n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
