@@ -16,6 +16,9 @@
 #   bash benchmarks/gpu_final.sh gluon-bwd  # the Gluon backward probe (benchmarks/probes/gluon_bwd): its oracle
 #                                        # cases against autograd, its timing beside SDPA, then the library's
 #                                        # backward grid (tests/test_gluon.py -k backward); ~300 s
+#   bash benchmarks/gpu_final.sh gluon-all  # every Gluon GPU test (grids, auto dispatch, CUDA graph), sanitize.py
+#                                        # under compute-sanitizer (its Gluon section included), then the d128
+#                                        # 1k and 16k bench cells beside cuDNN; ~400 s
 #   bash benchmarks/gpu_final.sh probes  # the five-product backward probe (probes/gluon_bwd_atomic/check.py:
 #                                        # oracle cases, then time beside the library's and SDPA's), then the
 #                                        # Gluon config sweep (probes/gluon_sweep.py); ~400 s
@@ -132,6 +135,16 @@ case ${1:-tests} in
       -p no:benchmark -n "${WORKERS:-8}" --timeout=300 tests/test_gluon.py -m gpu -k backward \
       > "$OUT/tests-gluon-bwd.log" 2>&1
     grep -v "Warn" "$OUT/gluon-bwd.log" | tail -40; tail -3 "$OUT/tests-gluon-bwd.log"; cat "$OUT/times.txt" ;;
+  gluon-all)
+    OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider \
+      -p no:benchmark -n "${WORKERS:-8}" --timeout=300 tests/test_gluon.py -m gpu > "$OUT/tests-gluon-all.log" 2>&1
+    step env timeout "${SANITIZE_LIMIT:-240}" compute-sanitizer --tool memcheck python3 benchmarks/sanitize.py \
+      > "$OUT/sanitize.log" 2>&1
+    step timeout 120 python3 -c "import sys; from flashtile.cli import main; sys.exit(main(sys.argv[1:]))" bench \
+      --headdims 128 --seqlens 1k 16k --providers flashtile sdpa-cudnn sdpa-flash --json "$OUT/bench.json" \
+      > "$OUT/bench.log" 2>&1
+    tail -3 "$OUT/tests-gluon-all.log"; grep -E "ERROR SUMMARY|sanitize:" "$OUT/sanitize.log"
+    grep -v "Warn" "$OUT/bench.log" | tail -30; cat "$OUT/times.txt" ;;
   probes)
     step timeout "${ATOMIC_LIMIT:-150}" python3 benchmarks/probes/gluon_bwd_atomic/check.py --d64 > "$OUT/atomic.log" 2>&1
     step timeout "${SWEEP_LIMIT:-300}" python3 benchmarks/probes/gluon_sweep.py > "$OUT/sweep.log" 2>&1
