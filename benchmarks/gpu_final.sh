@@ -140,7 +140,7 @@ case ${1:-tests} in
       -p no:benchmark -n "${WORKERS:-8}" --timeout=300 tests/test_gluon.py -m gpu > "$OUT/tests-gluon-all.log" 2>&1
     step env timeout "${SANITIZE_LIMIT:-240}" compute-sanitizer --tool memcheck python3 benchmarks/sanitize.py \
       > "$OUT/sanitize.log" 2>&1
-    step timeout 120 python3 -c "import sys; from flashtile.cli import main; sys.exit(main(sys.argv[1:]))" bench \
+    step timeout 120 python3 -m flashtile bench \
       --headdims 128 --seqlens 1k 16k --providers flashtile sdpa-cudnn sdpa-flash --json "$OUT/bench.json" \
       > "$OUT/bench.log" 2>&1
     tail -3 "$OUT/tests-gluon-all.log"; grep -E "ERROR SUMMARY|sanitize:" "$OUT/sanitize.log"
