@@ -18,7 +18,7 @@
 #                                        # backward grid (tests/test_gluon.py -k backward); ~300 s
 #   bash benchmarks/gpu_final.sh gluon-all  # every Gluon GPU test (grids, auto dispatch, CUDA graph), sanitize.py
 #                                        # under compute-sanitizer (its Gluon section included), then the d128
-#                                        # 1k and 16k bench cells beside cuDNN; ~400 s
+#                                        # 1k and 16k bench cells beside cuDNN, the Gluon backward forced on; ~400 s
 #   bash benchmarks/gpu_final.sh probes  # the five-product backward probe (probes/gluon_bwd_atomic/check.py:
 #                                        # oracle cases, then time beside the library's and SDPA's), then the
 #                                        # Gluon config sweep (probes/gluon_sweep.py); ~400 s
@@ -140,7 +140,9 @@ case ${1:-tests} in
       -p no:benchmark -n "${WORKERS:-8}" --timeout=300 tests/test_gluon.py -m gpu > "$OUT/tests-gluon-all.log" 2>&1
     step env timeout "${SANITIZE_LIMIT:-240}" compute-sanitizer --tool memcheck python3 benchmarks/sanitize.py \
       > "$OUT/sanitize.log" 2>&1
-    step timeout 120 python3 -m flashtile bench \
+    # The Gluon backward forced on: at 1k, auto keeps Triton's (session 9: the Gluon call was slower
+    # there); this shows whether a change to its host path moves that line.
+    step env FLASHTILE_GLUON_BWD=1 timeout 120 python3 -m flashtile bench \
       --headdims 128 --seqlens 1k 16k --providers flashtile sdpa-cudnn sdpa-flash --json "$OUT/bench.json" \
       > "$OUT/bench.log" 2>&1
     tail -3 "$OUT/tests-gluon-all.log"; grep -E "ERROR SUMMARY|sanitize:" "$OUT/sanitize.log"
