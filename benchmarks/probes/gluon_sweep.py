@@ -23,12 +23,15 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 
 import torch
-from triton.testing import do_bench
 
 import flashtile
 from flashtile.kernels import hopper, launch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from launch_overhead import graph_ms  # noqa: E402  (a CUDA graph's replay time: no host time)
 
 # (BLOCK_N, NUM_STAGES) forward; backward (dK/dV (BLOCK_M, BLOCK_N, stages), dQ (BLOCK_M, BLOCK_N, stages)).
 CANDIDATES = {
@@ -81,18 +84,6 @@ def check(which, head_dim, causal, set_env) -> bool:
     gluon_err = max_errors(flashtile_result(q, k, v, dout, causal, which), expected)
     bounds = [2 * t + 1e-3 * e.abs().max().item() for t, e in zip(triton_err, expected)]
     return all(g <= b for g, b in zip(gluon_err, bounds))
-
-
-def graph_ms(fn) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
 
 
 def time_config(which, head_dim, seqlen, causal) -> float:
