@@ -10,9 +10,9 @@ a candidate); the d64 forward R207 with 128-key tiles, R130 with 64. The first o
 is the current table entry (kernels/hopper.py). For each candidate:
 
 1. correctness: B = 1, 6 query heads on 2 K/V heads, Sq = 1000, Sk = 1100, causal and not,
-   bf16; the output (forward) or dq, dk, dv (backward) against float32 autograd of the same
-   inputs. A candidate passes when its max error is at most twice the Triton kernels' on the
-   same case plus 1e-3 · max |reference|;
+   bf16; the output (forward) or dq, dk, dv (backward) against the float64 oracle
+   (``naive_attention`` on float64 copies of the same inputs). A candidate passes when its max
+   error is at most twice the Triton kernels' on the same case plus 1e-3 · max |reference|;
 2. time: a CUDA graph of the kernels alone (no host time), bf16, 16k tokens, H = 2048 / d:
    the forward's one launch, or the backward's preprocess + dK/dV + dQ. TFLOP/s =
    4·B·H·N²·d (×2.5 backward), halved when causal.
@@ -21,7 +21,6 @@ is the current table entry (kernels/hopper.py). For each candidate:
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
@@ -45,17 +44,10 @@ CANDIDATES = {
 
 
 def reference(q, k, v, dout, causal):
-    """float32 autograd of attention on (B, Hq, S, d) bf16 inputs; bottom-right causal."""
-    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
-    group = q.shape[1] // k.shape[1]
-    kr, vr = kf.repeat_interleave(group, 1), vf.repeat_interleave(group, 1)
-    s = qf @ kr.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        sq, sk = q.shape[2], k.shape[2]
-        rows = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
-        s = s.masked_fill(torch.arange(sk, device=q.device)[None, :] > rows, float("-inf"))
-    out = torch.softmax(s, -1) @ vr
-    return (out, *torch.autograd.grad(out, (qf, kf, vf), dout.float()))
+    """The float64 oracle (naive attention on float64 copies) and its gradients; (B, Hq, S, d)."""
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out = flashtile.naive_attention(*leaves, causal=causal, layout="bhsd", upcast=True)
+    return (out, *torch.autograd.grad(out, leaves, dout.to(out.dtype)))
 
 
 def flashtile_result(q, k, v, dout, causal, which):
