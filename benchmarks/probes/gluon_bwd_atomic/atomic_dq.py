@@ -54,21 +54,6 @@ from flashtile.kernels.gluon_common import accumulator_layout, tma_store  # noqa
 partition_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 
 
-# Triton 3.6 names the byte-for-byte view of a shared buffer `_reinterpret`, 3.9 `reinterpret`.
-@gluon.constexpr_function
-def _has_public_reinterpret():
-    from triton.experimental.gluon.language._core import shared_memory_descriptor
-    return hasattr(shared_memory_descriptor, "reinterpret")
-
-
-@gluon.jit
-def _view(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
-    if _has_public_reinterpret():
-        return smem.reinterpret(dtype, shape, layout)
-    else:
-        return smem._reinterpret(dtype, shape, layout)
-
-
 @gluon.jit
 def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem,
               kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, DQacc,
@@ -91,10 +76,12 @@ def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, del
     shift = seqlen_k - seqlen_q
     k_tile = k_smem.index(half).reshape([HALF_N, HEAD_DIM])
     v_tile = v_smem.index(half).reshape([HALF_N, HEAD_DIM])
-    # Both key halves stacked (rows 0-63: warpgroup 0's keys), this warpgroup's dQ columns.
-    # (a 2-D view of the same bytes: the rank-5 buffer's reshape does not build in triton 3.6)
-    k_2d: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * HALF_N, HEAD_DIM], dtype)
-    k_cols = _view(k_smem, dtype, [2 * HALF_N, HEAD_DIM], k_2d).slice(half * HALF_D, HALF_D, dim=1)
+    # This warpgroup's dQ columns of each key half. Not one (2·HALF_N)-row view of both halves:
+    # at d128 a half's 128 columns are two 64-column swizzle blocks stored one after the other
+    # (TMA's 128-byte swizzle), so the halves do not stack into one 128-row tile (the GPU check
+    # of that view: d64 right, d128's dQ wrong); one product per key half instead.
+    k_cols0 = k_smem.index(0).reshape([HALF_N, HEAD_DIM]).slice(half * HALF_D, HALF_D, dim=1)
+    k_cols1 = k_smem.index(1).reshape([HALF_N, HEAD_DIM]).slice(half * HALF_D, HALF_D, dim=1)
     dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
     dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
     s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
@@ -148,7 +135,10 @@ def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, del
         partition_barrier()
         mbarrier.arrive(ds_full.index(buffer), count=1)
         mbarrier.wait(ds_full.index(buffer), (it // 2) & 1)
-        dq = warpgroup_mma(ds_smem.index(buffer).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True)
+        ds_all = ds_smem.index(buffer)  # 2·HALF_N keys x BLOCK_M queries; dS = its transpose
+        dq = warpgroup_mma(ds_all.slice(0, HALF_N, dim=0).permute((1, 0)), k_cols0, dq_zero, use_acc=False,
+                           is_async=True)
+        dq = warpgroup_mma(ds_all.slice(HALF_N, HALF_N, dim=0).permute((1, 0)), k_cols1, dq, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(empty.index(slot), count=1)
         # Rows past the sequence have dS = 0 (lse2 = +inf there) and land in the padding rows.
