@@ -176,13 +176,16 @@ def _config(head_dim: int, seqlen_k: int) -> tuple[int, int]:
     ahead at N = 1k (539 against 521 TFLOP/s), 3 at 4k (586 against 566), even at 16k; session
     9's small-N probe (one timing each, CUDA graphs) had 3 ahead non-causal at 2k and 4k
     (565 / 554 against 525 / 485) and 2 ahead causal at 4k (498 against 445), which a sweep is
-    to settle. d64: 3 stages of 128-key tiles (115 KiB of shared memory); 2 stages were 1-3%
-    ahead in every cell of that probe. d256: 2 stages of 64-key tiles (197 KiB; 3 do not fit)."""
+    to settle; session 10's sweep (gluon_sweep.py) did not: its differences were within its own
+    spread (this rule, 3 stages at 16k, timed 584 TFLOP/s causal; the same 3 stages as a fixed
+    config, 619). d64: 2 stages of 128-key tiles, 1-4% ahead of 3 in
+    every cell of both probes (session 10: 330 / 396 / 418 against 321 / 388 / 412 non-causal at
+    1k / 4k / 16k). d256: 2 stages of 64-key tiles (197 KiB; 3 do not fit)."""
     if head_dim == 128:
         return 128, (3 if seqlen_k >= 4096 else 2)
     if head_dim == 256:
         return 64, 2
-    return 128, 3
+    return 128, 2
 
 
 @functools.lru_cache(maxsize=None)
@@ -228,13 +231,16 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     return lse
 
 
-# The backward's tiles: dK/dV streams 64 query rows past 128 keys (64 per consumer warpgroup),
-# 2 stages at d128 (its registers reach R237 of 240) and 3 at d64; dQ streams 64-key tiles past
-# 128 query rows, 3 stages. Timed on the H200 in session 9 (check_bwd.py, d128): 3 dK/dV stages
-# were up to 6% slower, 128-key dQ tiles within 4% either way; at d64 these tiles are slower
-# than the Triton backward.
-BWD_DKDV = {128: (64, 128, 2), 64: (64, 128, 3)}
-BWD_DQ = {128: (128, 64, 3), 64: (128, 64, 3)}
+# The backward's tiles, (BLOCK_M, BLOCK_N, stages) of each kernel: dK/dV streams BLOCK_M query
+# rows past BLOCK_N keys (half per consumer warpgroup), dQ BLOCK_N-key tiles past BLOCK_M query
+# rows. From session 10's sweep (benchmarks/probes/gluon_sweep.py; CUDA graphs of the kernels,
+# bf16, 16k tokens, TFLOP/s full / causal at 1k, 4k, 16k): d128's dQ with 128-key tiles in 2
+# stages, 424 / 478 / 477 and 324 / 443 / 472, against 404 / 472 / 474 and 316 / 393 / 470 with
+# 64-key tiles (dK/dV stays at 2 stages: its registers reach R237 of 240, and 3 were up to 6%
+# slower in session 9). d64's dK/dV with 128-row Q tiles, 337 / 403 / 412 and 248 / 360 / 402,
+# against 300 / 347 / 362 and 237 / 329 / 366 with 64 rows.
+BWD_DKDV = {128: (64, 128, 2), 64: (128, 128, 2)}
+BWD_DQ = {128: (128, 128, 2), 64: (128, 64, 3)}
 STATS_ROWS = 128  # the LSE and D rows are padded to a multiple of the dQ kernel's BLOCK_M
 
 
