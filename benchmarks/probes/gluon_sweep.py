@@ -14,7 +14,8 @@ is the current table entry (kernels/hopper.py). For each candidate:
    (``naive_attention`` on float64 copies of the same inputs). A candidate passes when its max
    error is at most twice the Triton kernels' on the same case plus 1e-3 · max |reference|;
 2. time: a CUDA graph of the kernels alone (no host time), bf16, 16k tokens, H = 2048 / d:
-   the forward's one launch, or the backward's preprocess + dK/dV + dQ. TFLOP/s =
+   the forward's one launch, or the backward's preprocess + dK/dV + dQ. With --api, calls of
+   flashtile.attention (host path included) instead, after a row for the Triton kernels. TFLOP/s =
    4·B·H·N²·d (×2.5 backward), halved when causal.
 """
 
@@ -30,16 +31,16 @@ import flashtile
 from flashtile.kernels import hopper, launch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from launch_overhead import graph_ms  # noqa: E402  (a CUDA graph's replay time: no host time)
+from launch_overhead import graph_ms, median_ms  # noqa: E402  (graph_ms: a CUDA graph's replay, no host time)
 
 # (BLOCK_N, NUM_STAGES) forward; backward (dK/dV (BLOCK_M, BLOCK_N, stages), dQ (BLOCK_M, BLOCK_N, stages)).
 CANDIDATES = {
-    "fwd": {64: [(128, 3), (128, 2), (64, 3), (64, 4)],
+    "fwd": {64: [(128, 2), (128, 3), (64, 3), (64, 4)],
             128: [None, (128, 2), (128, 3)],  # None: the table's rule (2 stages below 4k keys, 3 from 4k)
             256: [(64, 2)]},
-    "bwd": {64: [((64, 128, 3), (128, 64, 3)), ((64, 128, 3), (128, 128, 2)), ((128, 128, 2), (128, 64, 3)),
+    "bwd": {64: [((128, 128, 2), (128, 64, 3)), ((64, 128, 3), (128, 64, 3)), ((64, 128, 3), (128, 128, 2)),
                  ((128, 128, 2), (128, 128, 2)), ((128, 128, 3), (128, 128, 3))],
-            128: [((64, 128, 2), (128, 64, 3)), ((64, 128, 2), (128, 128, 2))]},
+            128: [((64, 128, 2), (128, 128, 2)), ((64, 128, 2), (128, 64, 3))]},
 }
 
 
@@ -78,18 +79,28 @@ def check(which, head_dim, causal, set_env) -> bool:
     return all(g <= b for g, b in zip(gluon_err, bounds))
 
 
-def time_config(which, head_dim, seqlen, causal) -> float:
+def time_config(which, head_dim, seqlen, causal, api=False) -> float:
+    """TFLOP/s of one cell: a CUDA graph of the kernels alone, or with ``api`` flashtile.attention
+    (its backward: torch.autograd.grad) as a user calls it, host path included."""
     batch, heads = 16384 // seqlen, 2048 // head_dim
     q, k, v, dout = (torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16)
                      for _ in range(4))
     scale = head_dim ** -0.5
-    out = torch.empty_like(q)
-    lse = hopper.forward(q, k, v, out, scale, causal)
-    if which == "fwd":
-        ms = graph_ms(lambda: hopper.forward(q, k, v, out, scale, causal))
+    if api:
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        result = flashtile.attention(*leaves, causal=causal, layout="bhsd")
+        if which == "fwd":
+            ms = median_ms(lambda: flashtile.attention(*leaves, causal=causal, layout="bhsd"), q.device)
+        else:
+            ms = median_ms(lambda: torch.autograd.grad(result, leaves, dout, retain_graph=True), q.device)
     else:
-        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-        ms = graph_ms(lambda: launch._gluon_backward(dout, q, k, v, out, lse, None, scale, causal, dq, dk, dv))
+        out = torch.empty_like(q)
+        lse = hopper.forward(q, k, v, out, scale, causal)
+        if which == "fwd":
+            ms = graph_ms(lambda: hopper.forward(q, k, v, out, scale, causal))
+        else:
+            dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+            ms = graph_ms(lambda: launch._gluon_backward(dout, q, k, v, out, lse, None, scale, causal, dq, dk, dv))
     flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1) * (2.5 if which == "bwd" else 1)
     return flops / ms * 1e-9
 
@@ -111,6 +122,9 @@ def main():
     parser.add_argument("--which", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     parser.add_argument("--headdims", nargs="+", type=int, default=[64, 128])
     parser.add_argument("--seqlens", nargs="+", type=int, default=[1024, 4096, 16384])
+    parser.add_argument("--api", action="store_true",
+                        help="time flashtile.attention (host path included) instead of CUDA graphs of the kernels, "
+                             "with a row for the Triton kernels first")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     for which in args.which:
@@ -120,14 +134,23 @@ def main():
             os.environ[name] = value
 
         for head_dim in args.headdims:
-            for config in CANDIDATES[which].get(head_dim, []):
+            for config in (["triton"] if args.api else []) + CANDIDATES[which].get(head_dim, []):
+                if config == "triton":
+                    set_env("0")
+                    cells = [f"{time_config(which, head_dim, n, c, api=True):5.0f}"
+                             for c in (False, True) for n in args.seqlens]
+                    set_env("auto")
+                    print(f"{which} d{head_dim} triton: full then causal at {args.seqlens}: {' '.join(cells)}")
+                    continue
                 undo = apply(which, head_dim, config)
                 try:
                     ok = all(check(which, head_dim, causal, set_env) for causal in (False, True))
                     cells = []
                     if ok:
                         for causal in (False, True):
-                            cells += [f"{time_config(which, head_dim, n, causal):5.0f}" for n in args.seqlens]
+                            set_env("1")
+                            cells += [f"{time_config(which, head_dim, n, causal, api=args.api):5.0f}"
+                                      for n in args.seqlens]
                     row = " ".join(cells) if ok else "FAILED the check: not timed"
                 except Exception as err:  # a config this GPU cannot run (shared memory, registers)
                     row = f"{type(err).__name__}: {str(err).splitlines()[0][:90]}"
