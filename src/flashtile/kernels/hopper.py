@@ -6,8 +6,8 @@ address: head dims 64, 128 and 256 forward, 64 and 128 backward. Every other cal
 Triton kernels. ``FLASHTILE_GLUON`` (forward) and ``FLASHTILE_GLUON_BWD`` (backward) choose:
 
 - ``auto`` (the default): Gluon where the H200 measured it faster than the Triton kernels
-  (docs/performance.md, session 9): the forward at head dims 128 and 256, and at 64 from
-  4k keys; the backward at head dim 128 from 4k keys;
+  (docs/performance.md, sessions 9 and 10): the forward at head dims 128 and 256, and at 64 from
+  4k keys; the backward at head dims 64 and 128;
 - ``1``: Gluon for every call it covers (the tests use this to reach every shape);
 - ``0``: never.
 
@@ -67,13 +67,17 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool) -> bool:
     """Where the Gluon kernels beat the Triton ones on the H200 (bf16, 16k tokens, session 9,
     docs/performance.md), each measured through ``flashtile.attention`` as a user calls it.
     Forward, TFLOP/s Gluon / Triton, non-causal at 1k / 4k / 16k: d64 319 / 388 / 408 against
-    372 / 342 / 358 (the Triton kernel wins below 4k keys), d128 489 / 615 / 582 against
-    366 / 457 / 479, d256 588 / 639 / 643 against 359 / 430 / 437. Backward, d128: 461 / 477 at
-    4k / 16k against 390 / 405, but at 1k 298 against 317 (causal 130 against 168): its kernels
-    alone are faster there too (0.83 against 1.08 ms), the host path of the call is not, so
-    the Gluon backward starts at 4k keys. d64: 295 / 344 / 359 against 319 / 369 / 378, never."""
+    372 / 342 / 358 (the Triton kernel wins below 4k keys; session 10 with 2 stages, 330 / 398
+    against 311 / 343 at 1k / 4k but 372 against 380 at 2k), d128 489 / 615 / 582 against
+    366 / 457 / 479, d256 588 / 639 / 643 against 359 / 430 / 437. Backward (session 10, after
+    its shorter host path and the sweep's tiles), ``flashtile bench`` cells at 1k / 4k / 16k:
+    d128 401 / 475 / 485 against 317 / 378 / 401, causal 190 / 402 / 472 against 221 / 328 / 384;
+    d64 335 / 386 / 404 against 319 / 367 / 380, causal 220 / 349 / 397 against 196 / 279 / 318.
+    The one cell behind, d128 causal at 1k, is host-bound and scattered: four further timings
+    (gluon_sweep.py --api) gave 175-314 against Triton's 220-222, so the Gluon backward runs at
+    every length."""
     if backward:
-        return head_dim == 128 and seqlen_k >= 4096
+        return head_dim in (64, 128)
     return head_dim in (128, 256) or seqlen_k >= 4096
 
 
