@@ -139,8 +139,8 @@ case ${1:-tests} in
     # ~220 tests; session 9 ran the forward's part in 175 s and the backward's in 41 s on 8 workers.
     OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider \
       -p no:benchmark -n "${WORKERS:-12}" --timeout=300 tests/test_gluon.py -m gpu > "$OUT/tests-gluon-all.log" 2>&1
-    # The Gluon backward forced on: at 1k, auto keeps Triton's (session 9: the Gluon call was slower
-    # there); this shows whether a change to its host path moves that line.
+    # The Gluon backward forced on (auto takes it at d128 at every length since session 10), so
+    # these cells time the Gluon path whatever auto's rule becomes.
     step env FLASHTILE_GLUON_BWD=1 timeout 120 python3 -m flashtile bench \
       --headdims 128 --seqlens 1k 16k --providers flashtile sdpa-cudnn sdpa-flash --json "$OUT/bench.json" \
       > "$OUT/bench.log" 2>&1

@@ -64,18 +64,14 @@ def setting(backward: bool = False) -> str:
 
 
 def measured_faster(head_dim: int, seqlen_k: int, backward: bool) -> bool:
-    """Where the Gluon kernels beat the Triton ones on the H200 (bf16, 16k tokens, session 9,
-    docs/performance.md), each measured through ``flashtile.attention`` as a user calls it.
-    Forward, TFLOP/s Gluon / Triton, non-causal at 1k / 4k / 16k: d64 319 / 388 / 408 against
-    372 / 342 / 358 (the Triton kernel wins below 4k keys; session 10 with 2 stages, 330 / 398
-    against 311 / 343 at 1k / 4k but 372 against 380 at 2k), d128 489 / 615 / 582 against
-    366 / 457 / 479, d256 588 / 639 / 643 against 359 / 430 / 437. Backward (session 10, after
-    its shorter host path and the sweep's tiles), ``flashtile bench`` cells at 1k / 4k / 16k:
-    d128 401 / 475 / 485 against 317 / 378 / 401, causal 190 / 402 / 472 against 221 / 328 / 384;
-    d64 335 / 386 / 404 against 319 / 367 / 380, causal 220 / 349 / 397 against 196 / 279 / 318.
-    The one cell behind, d128 causal at 1k, is host-bound and scattered: four further timings
-    (gluon_sweep.py --api) gave 175-314 against Triton's 220-222, so the Gluon backward runs at
-    every length."""
+    """Where the Gluon kernels beat the Triton ones on the H200, each measured through
+    ``flashtile.attention`` as a user calls it (bf16, 16k tokens; docs/performance.md, sessions
+    9 and 10, has the figures). Forward: d128 and d256 at every length (non-causal 1.2-1.6x the
+    Triton forward in session 9); at 1k both paths are host-bound and the Gluon call has also
+    read below the Triton one (session 10, d256: 282 against 357 TFLOP/s), which its kernel
+    alone never does. d64 from 4k keys: below that the two trade places between runs. Backward:
+    d64 and d128 at every length; the one cell where it trailed in a run, d128 causal at 1k,
+    is host-bound and scatters between runs on either side of the Triton backward."""
     if backward:
         return head_dim in (64, 128)
     return head_dim in (128, 256) or seqlen_k >= 4096
@@ -182,9 +178,9 @@ def _config(head_dim: int, seqlen_k: int) -> tuple[int, int]:
     (565 / 554 against 525 / 485) and 2 ahead causal at 4k (498 against 445), which a sweep is
     to settle; session 10's sweep (gluon_sweep.py) did not: its differences were within its own
     spread (this rule, 3 stages at 16k, timed 584 TFLOP/s causal; the same 3 stages as a fixed
-    config, 619). d64: 2 stages of 128-key tiles, 1-4% ahead of 3 in
-    every cell of both probes (session 10: 330 / 396 / 418 against 321 / 388 / 412 non-causal at
-    1k / 4k / 16k). d256: 2 stages of 64-key tiles (197 KiB; 3 do not fit)."""
+    config, 619). d64: 2 stages of 128-key tiles, ahead of 3 in every cell of session 10's sweep
+    by 1-4% (330 / 396 / 418 against 321 / 388 / 412 non-causal at 1k / 4k / 16k), though not
+    in every other timing (session 9's probe: within 1%). d256: 2 stages of 64-key tiles (197 KiB; 3 do not fit)."""
     if head_dim == 128:
         return 128, (3 if seqlen_k >= 4096 else 2)
     if head_dim == 256:
@@ -245,7 +241,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
 # against 300 / 347 / 362 and 237 / 329 / 366 with 64 rows.
 BWD_DKDV = {128: (64, 128, 2), 64: (128, 128, 2)}
 BWD_DQ = {128: (128, 128, 2), 64: (128, 64, 3)}
-STATS_ROWS = 128  # the LSE and D rows are padded to a multiple of the dQ kernel's BLOCK_M
+STATS_ROWS = 128  # LSE and D rows padded to a multiple of both kernels' BLOCK_M (dQ 128, dK/dV 64 or 128)
 
 
 def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq, dk, dv) -> None:
@@ -260,6 +256,7 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
     group = heads_q // heads_kv
 
     block_m, block_n, stages = BWD_DKDV[head_dim]
+
     def stats(buffer):
         return TensorDescriptor(buffer, list(buffer.shape), list(buffer.stride()), [1, block_m], _stats_layout())
 
@@ -267,7 +264,7 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
 
     def tile(t, rows):
         """A view's descriptor, built once for both kernels where their tiles agree (at d128
-        and d64 q, dO, k and v move 64-row tiles in each: 7 descriptors instead of 10)."""
+        q and dO move 64-row tiles in both, at d64 k and v: 9 descriptors instead of 11)."""
         key = (id(t), rows)
         if key not in built:
             built[key] = _tile_descriptor(t, rows)
