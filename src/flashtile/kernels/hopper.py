@@ -145,7 +145,9 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         return False
     if choice == "auto" and _failure_key(backward, q, causal=band.right == 0) in _FAILED:
         return False
-    return all(tma.addressable(t) for t in (q, k, v, out, *grads))
+    # The device was checked above, once: every tensor here is on q's (the API checks k and v;
+    # out and the gradients are made there), so only each one's layout is left to check.
+    return all(tma.layout_addressable(t) for t in (q, k, v, out, *grads))
 
 
 def _failure_key(backward: bool, q: torch.Tensor, *, causal: bool) -> tuple:

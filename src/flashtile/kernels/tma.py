@@ -36,15 +36,21 @@ def compiles(num_stages: int) -> bool:
     return interpreting() or num_stages not in _CRASHING_STAGES
 
 
-def addressable(t: torch.Tensor) -> bool:
-    """Whether TMA can read t (B, H, S, D): unit last stride, the others multiples of 16
-    bytes and nonzero where their dimension has more than one index (an expanded view's
-    zero strides are not known to be accepted), a 16-byte aligned start, and a GPU of
-    compute capability 9.0 or newer."""
+def layout_addressable(t: torch.Tensor) -> bool:
+    """Whether TMA can address t's memory (B, H, S, D), whatever the device: unit last
+    stride, the others multiples of 16 bytes and nonzero where their dimension has more than
+    one index (an expanded view's zero strides are not known to be accepted), and a 16-byte
+    aligned start."""
     elem = t.element_size()
     if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * elem % 16 for s in t.stride()[:-1]):
         return False
-    if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())):
+    return not any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride()))
+
+
+def addressable(t: torch.Tensor) -> bool:
+    """Whether TMA can read t (B, H, S, D): its layout (``layout_addressable``) on a GPU of
+    compute capability 9.0 or newer, or in the interpreter."""
+    if not layout_addressable(t):
         return False
     if interpreting():
         return True
