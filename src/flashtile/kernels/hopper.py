@@ -52,10 +52,15 @@ _PASS_FAILURE = "PassManager::run failed"
 _FAILED: set = set()
 
 
+def _switch(backward: bool) -> str:
+    """The environment variable that chooses the forward's or the backward's kernels."""
+    return "FLASHTILE_GLUON_BWD" if backward else "FLASHTILE_GLUON"
+
+
 def setting(backward: bool = False) -> str:
     """``FLASHTILE_GLUON`` (forward) or ``FLASHTILE_GLUON_BWD`` (backward): auto, 1 or 0
     (true/on/yes and false/off/no are read as 1 and 0)."""
-    name = "FLASHTILE_GLUON_BWD" if backward else "FLASHTILE_GLUON"
+    name = _switch(backward)
     value = os.environ.get(name, "auto").strip().lower() or "auto"
     value = _WORDS.get(value, value)
     if value not in SETTINGS:
@@ -164,7 +169,7 @@ def falls_back(error: BaseException, q: torch.Tensor, *, backward: bool, causal:
     key = _failure_key(backward, q, causal=causal)
     if key not in _FAILED:
         _FAILED.add(key)
-        name = "FLASHTILE_GLUON_BWD" if backward else "FLASHTILE_GLUON"
+        name = _switch(backward)
         reason = (str(error).strip().splitlines() or [""])[0][:200]
         warnings.warn(f"flashtile: the Gluon {key[0]} kernel (head dim {key[1]}, {str(key[2])[6:]}, causal={causal}) "
                       f"failed to build with triton {triton.__version__} ({type(error).__name__}: {reason}); these "
