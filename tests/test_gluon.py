@@ -163,6 +163,29 @@ def test_the_gluon_backward_stats_come_padded_from_one_preprocess(with_dlse):
     torch.testing.assert_close(delta, expected_delta, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+def test_a_descriptor_from_the_cache_equals_a_newly_checked_one_and_the_cache_keeps_no_tensor():
+    # The launches reuse checked descriptors of the same shape, strides, dtype and tile, with
+    # the new call's tensor put in: each field must equal what Triton's constructor builds.
+    TensorDescriptor = hopper._gluon()[2]
+    first, second = (torch.randn(2, 9, 3, 64, dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+    hopper._tile_descriptor(first, 64)
+    cached = hopper._tile_descriptor(second, 64)
+    built = TensorDescriptor(second, list(second.shape), list(second.stride()), [1, 1, 64, 64],
+                             hopper._tile_layout(64, 64, torch.bfloat16))
+    assert type(cached) is type(built) and cached.base is second
+    assert {name: value for name, value in vars(cached).items() if name != "base"} == \
+        {name: value for name, value in vars(built).items() if name != "base"}
+    assert all(template.base is None for template in hopper._DESCRIPTOR_TEMPLATES.values())
+    # Another tile, stride or dtype is another key: never a descriptor of the wrong box.
+    other = hopper._tile_descriptor(second, 128)
+    assert other.block_shape == [1, 1, 128, 64]
+    contiguous = second.contiguous()
+    assert hopper._tile_descriptor(contiguous, 64).strides == list(contiguous.stride())
+    halves = second.half()
+    assert hopper._tile_descriptor(halves, 64).base.dtype == torch.float16
+
+
 GRID = [
     (dtype, d, sq_sk, causal)
     for dtype, d, sq_sk, causal in itertools.product(

@@ -1,13 +1,13 @@
 """Host time of the Gluon path on a machine without a GPU: the Python up to the launches.
 
-    TRITON_INTERPRET=1 python benchmarks/probes/gluon_host_cpu.py [--calls 300] [--profile]
+    TRITON_INTERPRET=1 python benchmarks/probes/gluon_host_cpu.py [--calls 50] [--profile]
 
 The Gluon kernels and the backward's preprocess are replaced by launches that do nothing,
 and ``hopper.eligible`` answers yes, so tiny CPU tensors (1 × 128 × 2 × 128, bf16) walk the
 path a d128 call takes on an H200: argument checks, the autograd Function, the op
 dispatch, the buffers, the descriptors. Left out: the eligibility check itself, Triton's
 launcher and the driver. Prints µs per call for a forward without grad and for forward +
-backward (``torch.autograd.grad``), medians of five rounds; ``--profile`` adds cProfile's
+backward (``torch.autograd.grad``), the median and the fastest of 20 rounds; ``--profile`` adds cProfile's
 top functions of forward + backward. For comparing two trees (PYTHONPATH=.old/src), not
 for absolute figures: the H200 machine's CPU ran the same path ~2-3× slower than this one.
 """
@@ -46,19 +46,22 @@ def stub_kernels() -> None:
     launch._bwd_preprocess = _NoLaunch()
 
 
-def per_call_us(fn, calls: int) -> float:
-    rounds = []
-    for _ in range(5):
+def per_call_us(fn, calls: int, rounds: int = 20) -> tuple[float, float]:
+    """(median, fastest) µs per call over ``rounds`` rounds of ``calls`` calls. On a shared
+    virtual machine the median of one run can move by half between runs; the fastest round
+    is the steadier figure for comparing two trees."""
+    times = []
+    for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        rounds.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(rounds)
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(times), min(times)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--calls", type=int, default=50, help="calls per round")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     stub_kernels()
@@ -75,8 +78,9 @@ def main():
 
     for fn in (forward, forward_backward):
         fn()  # first call: imports, caches
-    print(f"torch {torch.__version__}: forward {per_call_us(forward, args.calls):.1f} µs, "
-          f"forward + backward {per_call_us(forward_backward, args.calls):.1f} µs per call (kernels stubbed)")
+    (fwd_median, fwd_min), (both_median, both_min) = (per_call_us(fn, args.calls) for fn in (forward, forward_backward))
+    print(f"torch {torch.__version__}, µs per call (kernels stubbed), median / fastest of 20 rounds: "
+          f"forward {fwd_median:.1f} / {fwd_min:.1f}, forward + backward {both_median:.1f} / {both_min:.1f}")
     if args.profile:
         profile = cProfile.Profile()
         profile.enable()
