@@ -7,7 +7,7 @@ and ``hopper.eligible`` answers yes, so tiny CPU tensors (1 × 128 × 2 × 128, 
 path a d128 call takes on an H200: argument checks, the autograd Function, the op
 dispatch, the buffers, the descriptors. Left out: the eligibility check itself, Triton's
 launcher and the driver. Prints µs per call for a forward without grad and for forward +
-backward (``torch.autograd.grad``), the median and the fastest of 20 rounds; ``--profile`` adds cProfile's
+backward (``torch.autograd.grad``), the median and the fastest of 60 rounds; ``--profile`` adds cProfile's
 top functions of forward + backward. For comparing two trees (PYTHONPATH=.old/src), not
 for absolute figures: the H200 machine's CPU ran the same path ~2-3× slower than this one.
 """
@@ -46,7 +46,7 @@ def stub_kernels() -> None:
     launch._bwd_preprocess = _NoLaunch()
 
 
-def per_call_us(fn, calls: int, rounds: int = 20) -> tuple[float, float]:
+def per_call_us(fn, calls: int, rounds: int = 60) -> tuple[float, float]:
     """(median, fastest) µs per call over ``rounds`` rounds of ``calls`` calls. On a shared
     virtual machine the median of one run can move by half between runs; the fastest round
     is the steadier figure for comparing two trees."""
@@ -79,7 +79,7 @@ def main():
     for fn in (forward, forward_backward):
         fn()  # first call: imports, caches
     (fwd_median, fwd_min), (both_median, both_min) = (per_call_us(fn, args.calls) for fn in (forward, forward_backward))
-    print(f"torch {torch.__version__}, µs per call (kernels stubbed), median / fastest of 20 rounds: "
+    print(f"torch {torch.__version__}, µs per call (kernels stubbed), median / fastest of 60 rounds: "
           f"forward {fwd_median:.1f} / {fwd_min:.1f}, forward + backward {both_median:.1f} / {both_min:.1f}")
     if args.profile:
         profile = cProfile.Profile()
