@@ -183,7 +183,10 @@ def test_a_descriptor_from_the_cache_equals_a_newly_checked_one_and_the_cache_ke
     contiguous = second.contiguous()
     assert hopper._tile_descriptor(contiguous, 64).strides == list(contiguous.stride())
     halves = second.half()
-    assert hopper._tile_descriptor(halves, 64).base.dtype == torch.float16
+    assert hopper._tile_descriptor(halves, 64).layout == hopper._tile_layout(64, 64, torch.float16)
+    # and a descriptor's lists are its own
+    cached.shape[0] = 99
+    assert hopper._tile_descriptor(second, 64).shape[0] == 2
 
 
 GRID = [

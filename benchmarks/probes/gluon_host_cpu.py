@@ -79,7 +79,8 @@ def main():
     for fn in (forward, forward_backward):
         fn()  # first call: imports, caches
     (fwd_median, fwd_min), (both_median, both_min) = (per_call_us(fn, args.calls) for fn in (forward, forward_backward))
-    print(f"torch {torch.__version__}, µs per call (kernels stubbed), median / fastest of 60 rounds: "
+    print(f"torch {torch.__version__}, µs per call (kernels stubbed), median / fastest of "
+          f"{per_call_us.__defaults__[0]} rounds: "
           f"forward {fwd_median:.1f} / {fwd_min:.1f}, forward + backward {both_median:.1f} / {both_min:.1f}")
     if args.profile:
         profile = cProfile.Profile()
