@@ -215,7 +215,7 @@ def _stats_layout():
 # step builds up to 15 descriptors (forward 4, backward 11), and Triton's constructor checks each
 # one (4.5 µs on a fast CPU: a fifth of the Python of a stubbed forward + backward); a copy of
 # a checked one with the new tensor put in takes about 1 µs. The one check that depends on the
-# tensor rather than the key, a 16-byte aligned start, every caller has made (tma.addressable
+# tensor rather than the key, a 16-byte aligned start, every caller has made (tma.layout_addressable
 # in eligible(); the buffers the calls allocate are aligned).
 _DESCRIPTOR_TEMPLATES: dict = {}
 _TEMPLATES_MAX = 512
