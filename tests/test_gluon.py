@@ -288,7 +288,7 @@ def test_gpu_forward_and_backward_replay_from_a_cuda_graph(monkeypatch, head_dim
     assert hopper._FAILED == set(), "a Gluon kernel failed to build and fell back to Triton"
 
 
-BACKWARD_GRID = [case for case in GRID if case[1] in (64, 128)]
+BACKWARD_GRID = GRID  # d256 on gluon_bwd_wide's dK/dV kernel
 
 
 @pytest.mark.gpu
@@ -309,13 +309,15 @@ def test_gpu_gluon_backward_grid(gluon_backward_calls, dtype, headdim, seqlens, 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon backward is built for sm_90")
+@pytest.mark.parametrize("head_dim", [128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gpu_gluon_backward_with_an_lse_gradient_and_groups_of_three(gluon_backward_calls, causal):
+def test_gpu_gluon_backward_with_an_lse_gradient_and_groups_of_three(gluon_backward_calls, causal, head_dim):
     # A loss on the LSE shifts D by its gradient (bwd.py's preprocess); 6 query heads share 2 K/V heads.
-    q = torch.randn(2, 300, 6, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k, v = (torch.randn(2, 417, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    q = torch.randn(2, 300, 6, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(2, 417, 2, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2))
     weights = torch.randn(2, 6, 300, device="cuda")
-    dout = torch.randn(2, 300, 6, 128, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(2, 300, 6, head_dim, device="cuda", dtype=torch.bfloat16)
 
     def gradients(attention, **options):
         out, lse = attention(q, k, v, causal=causal, return_lse=True, **options)
@@ -323,7 +325,7 @@ def test_gpu_gluon_backward_with_an_lse_gradient_and_groups_of_three(gluon_backw
         return torch.autograd.grad(loss, (q, k, v))
 
     grads = gradients(flashtile.attention)
-    assert gluon_backward_calls == [(2, 6, 300, 128)]
+    assert gluon_backward_calls == [(2, 6, 300, head_dim)]
     expected = gradients(flashtile.naive_attention, upcast=True)
     plain = gradients(flashtile.naive_attention, upcast=False)
     for name, g, e, p in zip(("dq", "dk", "dv"), grads, expected, plain):

@@ -132,7 +132,7 @@ def gluon_variants(quick: bool):
     if hopper._gluon() is None:
         print("skip gluon kernels: this Triton has no Gluon Hopper support")
         return
-    gluon_fwd, _, _, gluon_bwd = hopper._gluon()
+    gluon_fwd, _, _, gluon_bwd, gluon_bwd_wide = hopper._gluon()
     regs = dict(LOADER_REGS=24, CONSUMER_REGS=240)
     cases = [(128, True, "bf16", 2)] if quick else [
         (128, False, "bf16", 2), (128, True, "bf16", 3), (128, True, "fp16", 2), (64, False, "fp16", 2),
@@ -151,6 +151,15 @@ def gluon_variants(quick: bool):
                     KV_ROWS=n // 2, **regs), 4)
         yield (f"gluon dq d={d} {mode} {dtype} s{dq_stages}", gluon_bwd._dq_kernel,
                dict(HEAD_DIM=d, BLOCK_M=dq_m, BLOCK_N=dq_n, NUM_STAGES=dq_stages, CAUSAL=causal, DTYPE=dtype,
+                    Q_ROWS=dq_m // 2, KV_ROWS=dq_n, **regs), 4)
+    for causal, dtype in [(True, "bf16")] if quick else [(True, "bf16"), (False, "fp16")]:
+        (m, n, stages), (dq_m, dq_n, dq_stages) = hopper.BWD_DKDV[256], hopper.BWD_DQ[256]
+        mode = "causal" if causal else "full"
+        yield (f"gluon dkdv wide d=256 {mode} {dtype} s{stages}", gluon_bwd_wide._dkdv_wide_kernel,
+               dict(HEAD_DIM=256, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, P_BUFFERS=hopper.WIDE_P_BUFFERS,
+                    CAUSAL=causal, DTYPE=dtype, Q_ROWS=m, KV_ROWS=n, **regs), 4)
+        yield (f"gluon dq d=256 {mode} {dtype} s{dq_stages}", gluon_bwd._dq_kernel,
+               dict(HEAD_DIM=256, BLOCK_M=dq_m, BLOCK_N=dq_n, NUM_STAGES=dq_stages, CAUSAL=causal, DTYPE=dtype,
                     Q_ROWS=dq_m // 2, KV_ROWS=dq_n, **regs), 4)
 
 

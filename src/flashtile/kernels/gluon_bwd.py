@@ -44,7 +44,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import accumulator_layout, q_tile_of_program, stream_kv_tiles, tma_load, tma_store
+from .gluon_common import accumulator_layout, q_tile_of_program, stream_kv_tiles, stream_q_tiles, tma_load, tma_store
 
 
 
@@ -66,31 +66,8 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
         mbarrier.expect(kv_ready.index(h), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma_load(k_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), k_smem.index(h))
         tma_load(v_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), v_smem.index(h))
-    # Counters carried through the loop instead of divisions: slot/phase of the ring, the
-    # Q tile within the head (m_start) and the head of the group (row of the stats buffers).
-    total = group_size * n_q_tiles
-    slot = 0
-    phase = 0
-    m_start = first_tile * BLOCK_M
-    head = head_kv * group_size
-    for it in range(total):
-        row = batch * heads_q + head
-        # a fresh mbarrier has completed the phase "before 0": the first lap passes at once
-        mbarrier.wait(empty.index(slot), phase ^ 1)
-        mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-        tma_load(q_desc, [batch, head, m_start, 0], q_ready.index(slot), q_smem.index(slot))
-        tma_load(lse_desc, [row, m_start], q_ready.index(slot), lse_smem.index(slot))
-        mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-        tma_load(do_desc, [batch, head, m_start, 0], do_ready.index(slot), do_smem.index(slot))
-        tma_load(delta_desc, [row, m_start], do_ready.index(slot), delta_smem.index(slot))
-        m_start += BLOCK_M
-        if m_start == n_q_blocks * BLOCK_M:
-            m_start = first_tile * BLOCK_M
-            head += 1
-        slot += 1
-        if slot == NUM_STAGES:
-            slot = 0
-            phase ^= 1
+    stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready,
+                   empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks, BLOCK_M, NUM_STAGES)
 
 
 @gluon.jit

@@ -84,7 +84,8 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _gluon():
-    """The kernel module and Gluon's language and descriptor classes, or None where this
+    """The kernel modules (forward, Gluon's language, the descriptor class, backward, wide
+    backward), or None where this
     Triton's Gluon is older than the kernel: 3.5 has every name imported here, but its
     ``warp_specialize`` takes other arguments, so 3.6 is the first the kernel builds with."""
     if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 6):
@@ -93,10 +94,10 @@ def _gluon():
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        from . import gluon_bwd, gluon_fwd
+        from . import gluon_bwd, gluon_bwd_wide, gluon_fwd
     except (ImportError, AttributeError):  # absent, or an older Gluon without these names
         return None
-    return gluon_fwd, gl, TensorDescriptor, gluon_bwd
+    return gluon_fwd, gl, TensorDescriptor, gluon_bwd, gluon_bwd_wide
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,7 +140,7 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         return False
     plain = (softcap == 0 and alibi_slopes is None and bias is None and dropout_p == 0 and varlen is None
              and block_mask is None and score_mod is None and band.left is None and band.right in (None, 0))
-    head_dims = (64, 128) if backward else (64, 128, 256)
+    head_dims = (64, 128, 256)
     if not plain or q.dtype not in (torch.bfloat16, torch.float16) or q.shape[3] not in head_dims:
         return False
     if any(t.dtype != q.dtype for t in (k, v, out, *grads)):  # one element type per kernel
@@ -199,7 +200,7 @@ def _config(head_dim: int, seqlen_k: int) -> tuple[int, int]:
 def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
     """The shared-memory layout (swizzle) of a (1, 1, rows, head_dim) tile: built once per shape
     and dtype, since every call needs four of them."""
-    _, gl, _, _ = _gluon()
+    gl = _gluon()[1]
     element = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], element)
 
@@ -207,7 +208,7 @@ def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
 @functools.lru_cache(maxsize=None)
 def _stats_layout():
     """The unswizzled shared-memory layout of the backward's (1, rows) LSE and D boxes."""
-    _, gl, _, _ = _gluon()
+    gl = _gluon()[1]
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
@@ -233,7 +234,7 @@ def _descriptor(t: torch.Tensor, box: tuple, layout):
         descriptor.shape, descriptor.strides = list(template.shape), list(template.strides)
         descriptor.block_shape = list(template.block_shape)
         return descriptor
-    _, _, TensorDescriptor, _ = _gluon()
+    TensorDescriptor = _gluon()[2]
     descriptor = TensorDescriptor(t, list(t.shape), list(t.stride()), list(box), layout)
     if hasattr(descriptor, "__dict__"):  # (were it ever a __slots__ class: no cache, each one built)
         if len(_DESCRIPTOR_TEMPLATES) >= _TEMPLATES_MAX:
@@ -253,7 +254,7 @@ def _tile_descriptor(t: torch.Tensor, rows: int):
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, softmax_scale: float,
             causal: bool) -> torch.Tensor:
     """Write out (B, Hq, Sq, D) and return the LSE (B, Hq, Sq), float32, natural log."""
-    gluon_fwd, gl, _, _ = _gluon()
+    gluon_fwd = _gluon()[0]
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     block_n, num_stages = _config(head_dim, seqlen_k)
@@ -278,8 +279,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
 # 64-key tiles (dK/dV stays at 2 stages: its registers reach R237 of 240, and 3 were up to 6%
 # slower in session 9). d64's dK/dV with 128-row Q tiles, 337 / 403 / 412 and 248 / 360 / 402,
 # against 300 / 347 / 362 and 237 / 329 / 366 with 64 rows.
-BWD_DKDV = {128: (64, 128, 2), 64: (128, 128, 2)}
-BWD_DQ = {128: (128, 128, 2), 64: (128, 64, 3)}
+# d256 runs gluon_bwd_wide's dK/dV kernel: 64 keys per CTA shared by both warpgroups, Pᵀ handed
+# between them through WIDE_P_BUFFERS float32 slots (2: 225 KiB of shared memory in all); its dQ
+# tiles have 32 keys (64 would need 256 KiB in 2 stages). Not swept yet.
+BWD_DKDV = {128: (64, 128, 2), 64: (128, 128, 2), 256: (64, 64, 2)}
+BWD_DQ = {128: (128, 128, 2), 64: (128, 64, 3), 256: (128, 32, 2)}
+WIDE_P_BUFFERS = 2
 STATS_ROWS = 128  # LSE and D rows padded to a multiple of both kernels' BLOCK_M (dQ 128, dK/dV 64 or 128)
 
 
@@ -288,7 +293,7 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
     float32, S_pad a multiple of STATS_ROWS: LSE·log2(e) and rowsum(dO ∘ O) less any LSE
     gradient, padding rows (and rows that saw no key) +inf and 0, so their P is exactly 0 and
     no tile needs a row mask (launch.py's gluon_backward_stats writes them)."""
-    gluon_bwd = _gluon()[3]
+    gluon_bwd, gluon_bwd_wide = _gluon()[3:]
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     qk_scale = softmax_scale * LOG2E
@@ -310,14 +315,25 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
         return built[key]
 
     num_n_blocks = triton.cdiv(seqlen_k, block_n)
-    gluon_bwd._dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
-        tile(q, block_m), tile(dout, block_m), tile(k, block_n // 2), tile(v, block_n // 2), tile(dk, block_n // 2),
-        tile(dv, block_n // 2),
-        stats(lse2), stats(delta), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks, qk_scale,
-        softmax_scale,
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
-        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
-    )
+    grid = (num_n_blocks * batch * heads_kv,)
+    if head_dim > 128:  # a CTA's keys shared by both warpgroups, one gradient each
+        gluon_bwd_wide._dkdv_wide_kernel[grid](
+            tile(q, block_m), tile(dout, block_m), tile(k, block_n), tile(v, block_n), tile(dk, block_n),
+            tile(dv, block_n),
+            stats(lse2), stats(delta), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks, qk_scale,
+            softmax_scale,
+            HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, P_BUFFERS=WIDE_P_BUFFERS,
+            CAUSAL=causal, LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
+        )
+    else:  # each warpgroup its half of the CTA's keys, both gradients
+        gluon_bwd._dkdv_kernel[grid](
+            tile(q, block_m), tile(dout, block_m), tile(k, block_n // 2), tile(v, block_n // 2),
+            tile(dk, block_n // 2), tile(dv, block_n // 2),
+            stats(lse2), stats(delta), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks, qk_scale,
+            softmax_scale,
+            HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
+            LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
+        )
     block_m, block_n, stages = BWD_DQ[head_dim]
     num_m_blocks = triton.cdiv(seqlen_q, block_m)
     gluon_bwd._dq_kernel[(num_m_blocks * batch * heads_q,)](
