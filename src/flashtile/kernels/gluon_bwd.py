@@ -1,8 +1,8 @@
 """Hopper (sm_90) FlashAttention backward in Triton's Gluon dialect: dK/dV and dQ kernels.
 
-Taken by default on sm_90 at head dim 128, where it beats the Triton backward (kernels/hopper.py
-decides; ``FLASHTILE_GLUON_BWD=1`` forces it for d64 too); compiled for sm_90 on the CPU by
-tools/compile_check.py, timed kernel by kernel by benchmarks/probes/gluon_bwd/check_bwd.py.
+Taken by default on sm_90 at head dims 64 and 128, where it beats the Triton backward
+(kernels/hopper.py decides; at d256 the dK/dV kernel is gluon_bwd_wide.py's, dQ this one's);
+compiled for sm_90 on the CPU by tools/compile_check.py.
 
 Conventions (as flashtile/kernels/bwd.py): q, dO, dq are (B, Hq, Sq, D) views, k, v, dk, dv
 (B, Hkv, Sk, D); LSE natural log; Delta = rowsum(dO * O); P = exp2(S * qk_scale - lse2) with

@@ -1,6 +1,6 @@
-"""What the Gluon kernels (gluon_fwd.py, gluon_bwd.py) share: TMA copy names across Triton
-versions, the register layout of a wgmma accumulator, the Q tile a program owns, and the
-loader's K/V ring."""
+"""What the Gluon kernels (gluon_fwd.py, gluon_bwd.py, gluon_bwd_wide.py) share: TMA copy names
+across Triton versions, the register layout of a wgmma accumulator, the Q tile a program owns,
+and the loaders' rings (K/V tiles for the forward and dQ, Q-side tiles for dK/dV)."""
 
 from __future__ import annotations
 

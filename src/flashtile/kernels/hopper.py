@@ -75,10 +75,12 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool) -> bool:
     Triton forward in session 9); at 1k both paths are host-bound and the Gluon call has also
     read below the Triton one (session 10, d256: 282 against 357 TFLOP/s), which its kernel
     alone never does. d64 from 4k keys: below that the two trade places between runs. Backward:
-    d64 and d128 at every length; the one cell where it trailed in a run, d128 causal at 1k,
-    is host-bound and scatters between runs on either side of the Triton backward."""
+    every head dim at every length; the one cell where it trailed in a run, d128 causal at 1k,
+    is host-bound and scatters between runs on either side of the Triton backward. d256 (session
+    11, gluon_bwd_wide): 377 / 446 / 435 TFLOP/s non-causal at 1k / 4k / 16k and 293 / 389 / 422
+    causal, against the Triton backward's 198 / 224 / 228 and 142 / 187 / 209."""
     if backward:
-        return head_dim in (64, 128)
+        return head_dim in (64, 128, 256)
     return head_dim in (128, 256) or seqlen_k >= 4096
 
 
@@ -281,7 +283,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
 # against 300 / 347 / 362 and 237 / 329 / 366 with 64 rows.
 # d256 runs gluon_bwd_wide's dK/dV kernel: 64 keys per CTA shared by both warpgroups, Pᵀ handed
 # between them through WIDE_P_BUFFERS float32 slots (2: 225 KiB of shared memory in all); its dQ
-# tiles have 32 keys (64 would need 256 KiB in 2 stages). Not swept yet.
+# tiles have 32 keys (64 would need 256 KiB in 2 stages; 64 in 1 stage, 4-16% slower in session
+# 11's sweep).
 BWD_DKDV = {128: (64, 128, 2), 64: (128, 128, 2), 256: (64, 64, 2)}
 BWD_DQ = {128: (128, 128, 2), 64: (128, 64, 3), 256: (128, 32, 2)}
 WIDE_P_BUFFERS = 2
