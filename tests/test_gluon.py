@@ -330,3 +330,24 @@ def test_gpu_gluon_backward_with_an_lse_gradient_and_groups_of_three(gluon_backw
     plain = gradients(flashtile.naive_attention, upcast=False)
     for name, g, e, p in zip(("dq", "dk", "dv"), grads, expected, plain):
         assert_close_to_oracle(name, g, e, p, grad=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon backward is built for sm_90")
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_gpu_gluon_backward_gives_the_same_bits_every_time(gluon_backward_calls, head_dim):
+    # Every gradient element has one writer and a fixed order of products, so repeated calls
+    # on the same inputs must agree bit for bit; a shared-memory race between the warpgroups
+    # (the d256 kernel hands P^T from one to the other) would show up as a difference.
+    q = torch.randn(2, 1500, 6, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(2, 1700, 2, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2))
+    dout = torch.randn(2, 1500, 6, head_dim, device="cuda", dtype=torch.bfloat16)
+    out = flashtile.attention(q, k, v, causal=True)
+    first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    for _ in range(10):
+        again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), name
+    assert len(gluon_backward_calls) == 11
