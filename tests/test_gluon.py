@@ -1,5 +1,6 @@
 """The Gluon Hopper kernels: the forward (kernels/gluon_fwd.py, FLASHTILE_GLUON) and the
-backward (kernels/gluon_bwd.py, FLASHTILE_GLUON_BWD), taken by default on sm_90 where they
+backward (kernels/gluon_bwd.py, with gluon_bwd_wide.py's dK/dV kernel at d256;
+FLASHTILE_GLUON_BWD), taken by default on sm_90 where they
 were measured faster; the grids here force them on (=1) to reach every shape they cover.
 
 Gluon has no interpreter, so the oracle tests need an sm_90 GPU; on the CPU the kernels are

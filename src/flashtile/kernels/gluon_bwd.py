@@ -18,7 +18,7 @@ there is exp2(-inf) = 0, and the TMA stores clip at the tensor's edge.
 dK/dV kernel (`_dkdv_kernel`), one CTA per (128-key tile, batch, kv head), num_warps=4 plus
 workers: partitions = consumer warpgroup 0 (default, keys [n0, n0+64)), consumer warpgroup 1
 (worker, keys [n0+64, n0+128)), loader (1 warp). The loader TMA-loads the two K and V halves
-once, then streams (Q, lse2) and (dO, Delta) tiles of 64 query rows through a NUM_STAGES ring
+once, then streams (Q, lse2) and (dO, Delta) tiles of BLOCK_M query rows through a NUM_STAGES ring
 (ready barriers count 1 + tx bytes, one "empty" barrier per slot with count 2), over every
 query head of the GQA group. Per tile each consumer warpgroup computes, in the transposed
 orientation (keys as rows):

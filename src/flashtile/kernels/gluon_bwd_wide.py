@@ -16,7 +16,8 @@ is split by gradient instead, each warpgroup holding one accumulator (128 regist
 
 Each warpgroup runs two of the four products per tile, of equal size, so the tensor cores see
 a balanced load; Pᵀ passes one way, through P_BUFFERS slots each with a "full" and an "empty"
-mbarrier, so the dV warpgroup can run that many tiles ahead. dK (times softmax_scale) is
+mbarrier, so the dV warpgroup can run up to that many tiles ahead (the ring's NUM_STAGES
+bounds it too: a slot is refilled only once both warpgroups are done with it). dK (times softmax_scale) is
 staged in K's buffer, dV in V's once the dK warpgroup's last V·dOᵀ has retired (the "v_free"
 barrier), and both are TMA-stored. Conventions (views, lse2 and Delta buffers, bottom-right
 causal, padding rows) are gluon_bwd.py's; dQ comes from its dQ kernel.
@@ -145,7 +146,7 @@ def _dk_consumer(q_smem, do_smem, k_smem, v_smem, delta_smem, p_smem, kv_ready, 
         mbarrier.arrive(empty.index(slot), count=1)
     mbarrier.arrive(v_free, count=1)  # every V·dOᵀ has retired: V's buffer may take dV
 
-    # K's buffer is dead: the dV warpgroup's last Kᵀ product retired before the last Pᵀ came.
+    # K's buffer is dead: the dV warpgroup's last K·Qᵀ (Sᵀ) retired before the last Pᵀ came.
     k_tile.store((dk * softmax_scale).to(dtype))
     fence_async_shared()
     tma_store(dk_desc, [batch, head_kv, n_start, 0], k_smem)

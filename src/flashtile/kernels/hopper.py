@@ -1,13 +1,13 @@
 """When and how attention takes the Gluon kernels (Hopper, sm_90): gluon_fwd.py for the
-forward, gluon_bwd.py for the backward.
+forward, gluon_bwd.py for the backward (with gluon_bwd_wide.py's dK/dV kernel at head dim 256).
 
 They cover plain attention, causal or not, with GQA, in bf16/fp16, on tensors TMA can
-address: head dims 64, 128 and 256 forward, 64 and 128 backward. Every other call runs the
-Triton kernels. ``FLASHTILE_GLUON`` (forward) and ``FLASHTILE_GLUON_BWD`` (backward) choose:
+address: head dims 64, 128 and 256, forward and backward. Every other call runs the Triton
+kernels. ``FLASHTILE_GLUON`` (forward) and ``FLASHTILE_GLUON_BWD`` (backward) choose:
 
 - ``auto`` (the default): Gluon where the H200 measured it faster than the Triton kernels
-  (docs/performance.md, sessions 9 and 10): the forward at head dims 128 and 256, and at 64 from
-  4k keys; the backward at head dims 64 and 128;
+  (docs/performance.md, sessions 9 to 11): the forward at head dims 128 and 256, and at 64 from
+  4k keys; the backward at every head dim;
 - ``1``: Gluon for every call it covers (the tests use this to reach every shape);
 - ``0``: never.
 
@@ -190,7 +190,7 @@ def _config(head_dim: int, seqlen_k: int) -> tuple[int, int]:
     spread (this rule, 3 stages at 16k, timed 584 TFLOP/s causal; the same 3 stages as a fixed
     config, 619). d64: 2 stages of 128-key tiles, ahead of 3 in every cell of session 10's sweep
     by 1-4% (330 / 396 / 418 against 321 / 388 / 412 non-causal at 1k / 4k / 16k), though not
-    in every other timing (session 9's probe: within 1%). d256: 2 stages of 64-key tiles (197 KiB; 3 do not fit)."""
+    in every other timing (session 9's probe: within 1%). d256: 2 stages of 64-key tiles (192 KiB; 3 do not fit)."""
     if head_dim == 128:
         return 128, (3 if seqlen_k >= 4096 else 2)
     if head_dim == 256:
@@ -274,7 +274,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
 
 
 # The backward's tiles, (BLOCK_M, BLOCK_N, stages) of each kernel: dK/dV streams BLOCK_M query
-# rows past BLOCK_N keys (half per consumer warpgroup), dQ BLOCK_N-key tiles past BLOCK_M query
+# rows past BLOCK_N keys (half per consumer warpgroup at d64 and d128), dQ BLOCK_N-key tiles past BLOCK_M query
 # rows. From session 10's sweep (benchmarks/probes/gluon_sweep.py; CUDA graphs of the kernels,
 # bf16, 16k tokens, TFLOP/s full / causal at 1k, 4k, 16k): d128's dQ with 128-key tiles in 2
 # stages, 424 / 478 / 477 and 324 / 443 / 472, against 404 / 472 / 474 and 316 / 393 / 470 with
@@ -304,14 +304,14 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
 
     block_m, block_n, stages = BWD_DKDV[head_dim]
 
-    def stats(buffer):
-        return _descriptor(buffer, (1, block_m), _stats_layout())
+    def stats(buffer, rows):
+        return _descriptor(buffer, (1, rows), _stats_layout())
 
     built = {}
 
     def tile(t, rows):
         """A view's descriptor, built once for both kernels where their tiles agree (at d128
-        q and dO move 64-row tiles in both, at d64 k and v: 9 descriptors instead of 11)."""
+        and d256 q and dO move 64-row tiles in both, at d64 k and v: 9 descriptors instead of 11)."""
         key = (id(t), rows)
         if key not in built:
             built[key] = _tile_descriptor(t, rows)
@@ -323,8 +323,8 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
         gluon_bwd_wide._dkdv_wide_kernel[grid](
             tile(q, block_m), tile(dout, block_m), tile(k, block_n), tile(v, block_n), tile(dk, block_n),
             tile(dv, block_n),
-            stats(lse2), stats(delta), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks, qk_scale,
-            softmax_scale,
+            stats(lse2, block_m), stats(delta, block_m), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks,
+            qk_scale, softmax_scale,
             HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, P_BUFFERS=WIDE_P_BUFFERS,
             CAUSAL=causal, LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
         )
@@ -332,8 +332,8 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
         gluon_bwd._dkdv_kernel[grid](
             tile(q, block_m), tile(dout, block_m), tile(k, block_n // 2), tile(v, block_n // 2),
             tile(dk, block_n // 2), tile(dv, block_n // 2),
-            stats(lse2), stats(delta), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks, qk_scale,
-            softmax_scale,
+            stats(lse2, block_m), stats(delta, block_m), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks,
+            qk_scale, softmax_scale,
             HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
             LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
         )
