@@ -15,6 +15,7 @@ import itertools
 
 import pytest
 import torch
+import triton
 
 import flashtile
 from flashtile.kernels import hopper
@@ -188,6 +189,57 @@ def test_a_descriptor_from_the_cache_equals_a_newly_checked_one_and_the_cache_ke
     # and a descriptor's lists are its own
     cached.shape[0] = 99
     assert hopper._tile_descriptor(second, 64).shape[0] == 2
+
+
+class _RecordLaunch:
+    """kernel[grid](*args, **constexprs) that records what it was given instead of launching."""
+
+    def __init__(self, launches: list, name: str):
+        self.launches, self.name = launches, name
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((self.name, grid, args, kwargs))
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_the_gluon_backward_hands_each_kernel_descriptors_of_its_own_tiles(monkeypatch, head_dim):
+    # The host side of the Gluon backward, kernels stubbed: each kernel's descriptors must move
+    # the tiles its constexprs say (a mismatch is a wrong answer or a hang on the GPU). d256
+    # takes gluon_bwd_wide's dK/dV kernel, whose K/V tiles are whole BLOCK_N rows.
+    _, _, _, gluon_bwd, gluon_bwd_wide = hopper._gluon()
+    launches = []
+    for module, name in ((gluon_bwd, "_dkdv_kernel"), (gluon_bwd_wide, "_dkdv_wide_kernel"),
+                         (gluon_bwd, "_dq_kernel")):
+        monkeypatch.setattr(module, name, _RecordLaunch(launches, name))
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k = 2, 6, 2, 300, 333
+    q, dout, dq = (torch.randn(batch, heads_q, seqlen_q, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    k, v, dk, dv = (torch.randn(batch, heads_kv, seqlen_k, head_dim, dtype=torch.bfloat16) for _ in range(4))
+    s_pad = 384
+    lse2, delta = (torch.zeros(batch * heads_q, s_pad) for _ in range(2))
+    hopper.backward(q, k, v, dout, lse2, delta, head_dim ** -0.5, True, dq, dk, dv)
+
+    assert [name for name, *_ in launches] == [
+        "_dkdv_wide_kernel" if head_dim == 256 else "_dkdv_kernel", "_dq_kernel"]
+    (_, grid_kv, args_kv, const_kv), (_, grid_q, args_q, const_q) = launches
+    m, n = const_kv["BLOCK_M"], const_kv["BLOCK_N"]
+    kv_rows = n if head_dim == 256 else n // 2  # whole tiles, or one half per warpgroup
+    q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc = args_kv[:8]
+    assert [d.base for d in (q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc)] == [q, dout, k, v, dk, dv]
+    assert q_desc.block_shape == do_desc.block_shape == [1, 1, m, head_dim]
+    for d in (k_desc, v_desc, dk_desc, dv_desc):
+        assert d.block_shape == [1, 1, kv_rows, head_dim]
+    assert lse_desc.base is lse2 and delta_desc.base is delta
+    assert lse_desc.block_shape == delta_desc.block_shape == [1, m]
+    assert grid_kv == (triton.cdiv(seqlen_k, n) * batch * heads_kv,)
+    dq_m, dq_n = const_q["BLOCK_M"], const_q["BLOCK_N"]
+    q_half, do_half, k_tile, v_tile, dq_half = args_q[:5]
+    assert [d.base for d in (q_half, do_half, k_tile, v_tile, dq_half)] == [q, dout, k, v, dq]
+    for d in (q_half, do_half, dq_half):
+        assert d.block_shape == [1, 1, dq_m // 2, head_dim]
+    assert k_tile.block_shape == v_tile.block_shape == [1, 1, dq_n, head_dim]
+    assert grid_q == (triton.cdiv(seqlen_q, dq_m) * batch * heads_q,)
+    assert s_pad % m == 0 and s_pad % dq_m == 0
 
 
 GRID = [

@@ -28,7 +28,7 @@ os.environ["FLASHTILE_BACKEND"] = "triton"
 import torch  # noqa: E402
 
 import flashtile  # noqa: E402
-from flashtile.kernels import gluon_bwd, gluon_fwd, hopper, launch  # noqa: E402
+from flashtile.kernels import gluon_bwd, gluon_bwd_wide, gluon_fwd, hopper, launch  # noqa: E402
 
 
 class _NoLaunch:
@@ -43,6 +43,7 @@ def stub_kernels() -> None:
     gluon_fwd._fwd_pingpong_kernel = _NoLaunch()
     gluon_bwd._dkdv_kernel = _NoLaunch()
     gluon_bwd._dq_kernel = _NoLaunch()
+    gluon_bwd_wide._dkdv_wide_kernel = _NoLaunch()
     launch._bwd_preprocess = _NoLaunch()
 
 
