@@ -29,6 +29,13 @@ still reads tile i's buffer, and tile i + 2 may overwrite it.
 Causal tiles that a warpgroup skips (its keys all after the tile's last query) store zeros so
 that the other warpgroup's dQ product reads a defined dS. A small Triton kernel turns the float32
 sum into dq (× softmax_scale, q's dtype) afterwards.
+
+``DQ_BY_TMA`` (Triton 3.8 and newer, whose Gluon has ``tma.async_atomic_add``) adds each
+warpgroup's dQ half as FlashAttention-3 does: staged in shared memory (64 × HALF_D float32,
+one buffer per warpgroup) and added by one TMA bulk reduction into the float32 sum, through a
+descriptor over it, instead of 32 vector atomics per thread. Session 11 wrote it; it has been
+compiled for sm_90 (Triton 3.9), not run: Triton 3.6, the GPU image's, has no TMA reduction
+(tools/triton_parts.sh carries 3.9 there).
 """
 
 from __future__ import annotations
@@ -55,14 +62,17 @@ partition_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem,
+def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
               kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, DQacc,
               batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad,
               qk_scale, softmax_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr):
+              CAUSAL: gl.constexpr, DQ_BY_TMA: gl.constexpr):
     """One warpgroup: dK, dV of keys [n_start + half·HALF_N, +HALF_N); dQ columns
-    [half·HEAD_DIM/2, +HEAD_DIM/2) of every streamed Q tile, over the CTA's 2·HALF_N keys."""
+    [half·HEAD_DIM/2, +HEAD_DIM/2) of every streamed Q tile, over the CTA's 2·HALF_N keys.
+    DQacc: the float32 sum's pointer, or under DQ_BY_TMA a descriptor over it as
+    (B·Hq·S_pad, HEAD_DIM) with (BLOCK_M, HEAD_DIM / 2) boxes; dq_stage: that box in shared
+    memory, this warpgroup's (unused without DQ_BY_TMA)."""
     HALF_D: gl.constexpr = HEAD_DIM // 2
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # S^T, dP^T: HALF_N keys x BLOCK_M queries
     kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N x HEAD_DIM
@@ -143,9 +153,18 @@ def _consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, del
         mbarrier.arrive(empty.index(slot), count=1)
         # Rows past the sequence have dS = 0 (lse2 = +inf there) and land in the padding rows.
         head = head_kv * group_size + g
-        row0 = (batch * heads_q + head).to(gl.int64) * s_pad + m_start
-        offsets = (row0 + dq_rows)[:, None] * HEAD_DIM + dq_cols[None, :]
-        gl.atomic_add(DQacc + offsets, dq, sem="relaxed")
+        if DQ_BY_TMA:
+            # The previous tile's reduction must have read the staging buffer; then every
+            # thread's part of this one stored and visible to the TMA unit before it is issued.
+            tma.store_wait(0)
+            dq_stage.store(dq)
+            fence_async_shared()
+            partition_barrier()
+            tma.async_atomic_add(DQacc, [(batch * heads_q + head) * s_pad + m_start, half * HALF_D], dq_stage)
+        else:
+            row0 = (batch * heads_q + head).to(gl.int64) * s_pad + m_start
+            offsets = (row0 + dq_rows)[:, None] * HEAD_DIM + dq_cols[None, :]
+            gl.atomic_add(DQacc + offsets, dq, sem="relaxed")
 
     k_tile.store((dk * softmax_scale).to(dtype))
     v_tile.store(dv.to(dtype))
@@ -161,9 +180,11 @@ def _dkdv_dq_kernel(
     heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, s_pad, qk_scale, softmax_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    DQ_BY_TMA: gl.constexpr = False,
 ):
     """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile of one kv head, and its share of dQ added
-    into DQacc ((B·Hq·S_pad, D) float32, zeroed). Grid and descriptors as gluon_bwd._dkdv_kernel."""
+    into DQacc ((B·Hq·S_pad, D) float32, zeroed; under DQ_BY_TMA a descriptor over it with
+    (BLOCK_M, D / 2) boxes). Grid and other descriptors as gluon_bwd._dkdv_kernel."""
     gl.static_assert(num_warps == 4)
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = q_desc.dtype
@@ -189,6 +210,11 @@ def _dkdv_dq_kernel(
     delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], delta_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+    if DQ_BY_TMA:  # one staging box per warpgroup
+        dq_stage = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], DQacc.layout)
+    else:
+        dq_stage = gl.allocate_shared_memory(gl.float32, [2, 1, 1],
+                                             gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
     kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -204,14 +230,14 @@ def _dkdv_dq_kernel(
     fence_async_shared()
 
     gl.warp_specialize([
-        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_ready, q_ready, do_ready,
-                     empty, ds_full, dk_desc, dv_desc, DQacc, batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile,
-                     n_q_tiles, group_size, heads_q, s_pad, qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, HALF_N,
-                     NUM_STAGES, CAUSAL)),
-        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_ready, q_ready, do_ready,
-                     empty, ds_full, dk_desc, dv_desc, DQacc, batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile,
-                     n_q_tiles, group_size, heads_q, s_pad, qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, HALF_N,
-                     NUM_STAGES, CAUSAL)),
+        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage.index(0),
+                     kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, DQacc, batch, head_kv, n_start,
+                     seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale, softmax_scale,
+                     HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, DQ_BY_TMA)),
+        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage.index(1),
+                     kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, DQacc, batch, head_kv, n_start,
+                     seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale, softmax_scale,
+                     HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, DQ_BY_TMA)),
         (_dkdv_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                         lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty, batch, head_kv, n_start, heads_q,
                         group_size, first_tile, n_q_tiles, n_q_blocks, HALF_N, BLOCK_M, NUM_STAGES)),
@@ -234,9 +260,10 @@ def _dq_convert(DQacc, DQ, stride_qb, stride_qh, stride_qm, heads_q, seqlen_q, s
     tl.store(out + cols[None, :], (acc * softmax_scale).to(DQ.dtype.element_ty), mask=inside)
 
 
-def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, stages: int = 2):
+def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, stages: int = 2, dq_by_tma: bool = False):
     """(dq, dk, dv) of attention; q/out/dout (B, Hq, Sq, D), k/v (B, Hkv, Sk, D), D = 128 or 64,
-    bf16/fp16, lse (B, Hq, Sq) natural log. Preprocessing and descriptors: the gluon_bwd probe's."""
+    bf16/fp16, lse (B, Hq, Sq) natural log. Preprocessing and descriptors: the gluon_bwd probe's.
+    ``dq_by_tma``: dQ added by TMA bulk reductions (Triton 3.8+; B·Hq·S_pad < 2³¹ rows)."""
     from hopper_bwd import LOG2E, _descriptor, _stats_descriptor, preprocess
 
     batch, heads_q, seqlen_q, head_dim = q.shape
@@ -246,15 +273,22 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, stages
     dq_acc = torch.zeros(batch * heads_q * s_pad, head_dim, dtype=torch.float32, device=q.device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     block_m, block_n = 64, 128
+    dq_target = dq_acc
+    if dq_by_tma:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        box = [block_m, head_dim // 2]
+        dq_target = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), box,
+                                     gl.NVMMASharedLayout.get_default_for(box, gl.float32))
     num_n_blocks = triton.cdiv(seqlen_k, block_n)
     _dkdv_dq_kernel[(num_n_blocks * batch * heads_kv,)](
         _descriptor(q, block_m), _descriptor(dout, block_m), _descriptor(k, block_n // 2),
         _descriptor(v, block_n // 2), _descriptor(dk, block_n // 2), _descriptor(dv, block_n // 2),
-        _stats_descriptor(lse2, block_m), _stats_descriptor(delta, block_m), dq_acc,
+        _stats_descriptor(lse2, block_m), _stats_descriptor(delta, block_m), dq_target,
         heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, s_pad,
         softmax_scale * LOG2E, softmax_scale,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
-        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
+        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, DQ_BY_TMA=dq_by_tma,
     )
     block = 64
     _dq_convert[(triton.cdiv(seqlen_q, block), batch * heads_q)](

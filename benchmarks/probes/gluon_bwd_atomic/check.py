@@ -6,7 +6,9 @@
    autograd, bound 3× SDPA's bf16 error + 1e-3·max|ref|), d128 and d64, causal or not, GQA,
    Sq != Sk both ways, partial tiles; 2 and 3 stages at d64.
 2. Time (d128, H = 16, 16k tokens; d64 at H = 32 with --d64): the whole backward (zeroing the
-   float32 dQ sum, preprocess, the kernel, the conversion) beside the library's two kernels
+   float32 dQ sum, preprocess, the kernel, the conversion), with dQ added by per-thread atomics
+   and, under Triton 3.8+ (tools/triton_parts.sh on the GPU machine), by TMA bulk reductions
+   (both checked in step 1), beside the library's two kernels
    (hopper_bwd: preprocess, dK/dV, dQ) and SDPA's cuDNN and flash backward. TFLOP/s =
    2.5·4·B·H·N²·d / t, halved when causal.
 A watchdog aborts with a traceback if a step hangs for 60 s (an mbarrier deadlock).
@@ -30,16 +32,24 @@ from check_bwd import check, watchdog  # noqa: E402
 
 
 class _Stages:
-    """atomic_dq with a fixed pipeline depth, shaped as check_bwd.check expects a module."""
+    """atomic_dq with a fixed pipeline depth (and way of adding dQ), shaped as check_bwd.check
+    expects a module."""
 
-    def __init__(self, stages):
-        self.stages = stages
+    def __init__(self, stages, dq_by_tma=False):
+        self.stages, self.dq_by_tma = stages, dq_by_tma
 
     def backward(self, *args):
-        return atomic_dq.backward(*args, stages=self.stages)
+        return atomic_dq.backward(*args, stages=self.stages, dq_by_tma=self.dq_by_tma)
 
 
-def bench(N, D, H, causal, tokens=16384):
+def _has_tma_reduce() -> bool:
+    """Triton 3.8 and newer: Gluon's TMA reduction, for atomic_dq's DQ_BY_TMA."""
+    from triton.experimental.gluon.language.nvidia.hopper import tma
+
+    return hasattr(tma, "async_atomic_add")
+
+
+def bench(N, D, H, causal, tokens=16384, by_tma=False):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
@@ -51,8 +61,11 @@ def bench(N, D, H, causal, tokens=16384):
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
     flops = 2.5 * 4 * B * H * N * N * D / (2 if causal else 1)
     cells = []
-    for fn in (lambda: atomic_dq.backward(q, k, v, out, dout, lse, scale, causal),
-               lambda: hopper_bwd.backward(q, k, v, out, dout, lse, scale, causal)):
+    fns = [lambda: atomic_dq.backward(q, k, v, out, dout, lse, scale, causal),
+           lambda: hopper_bwd.backward(q, k, v, out, dout, lse, scale, causal)]
+    if by_tma:
+        fns.insert(1, lambda: atomic_dq.backward(q, k, v, out, dout, lse, scale, causal, dq_by_tma=True))
+    for fn in fns:
         ms = do_bench(fn)
         cells.append(f"{ms:7.3f} {flops / ms / 1e9:4.0f}")
     for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
@@ -77,24 +90,27 @@ def main():
     start = time.perf_counter()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     results = []
-    five = _Stages(2)
-    for D in (128, 64):
-        for N, B in ((1000, 2), (4096, 1)):
-            for causal in (False, True):
-                check(B, 8, 2, N, N, D, causal, five, results)
-    check(1, 8, 2, 1000, 1500, 128, True, five, results)
-    check(1, 8, 2, 1500, 1000, 64, True, five, results)
-    check(3, 4, 4, 77, 77, 128, False, five, results)
-    check(1, 8, 2, 1050, 1050, 128, True, five, results)
-    check(1, 8, 2, 1050, 1050, 64, True, _Stages(3), results)
+    by_tma = _has_tma_reduce()
+    for dq_by_tma in (False, True) if by_tma else (False,):
+        five = _Stages(2, dq_by_tma)
+        for D in (128, 64):
+            for N, B in ((1000, 2), (4096, 1)):
+                for causal in (False, True):
+                    check(B, 8, 2, N, N, D, causal, five, results)
+        check(1, 8, 2, 1000, 1500, 128, True, five, results)
+        check(1, 8, 2, 1500, 1000, 64, True, five, results)
+        check(3, 4, 4, 77, 77, 128, False, five, results)
+        check(1, 8, 2, 1050, 1050, 128, True, five, results)
+        check(1, 8, 2, 1050, 1050, 64, True, _Stages(3, dq_by_tma), results)
     print(f"{sum(results)}/{len(results)} correctness cases pass ({time.perf_counter() - start:.0f} s)", flush=True)
     if args.no_bench or not all(results):
         return 0 if all(results) else 1
-    print("timing, ms and TFLOP/s: five products | library (seven) | sdpa cudnn | sdpa flash")
+    print("timing, ms and TFLOP/s: five products (atomics) | " + ("five products (TMA) | " if by_tma else "")
+          + "library (seven) | sdpa cudnn | sdpa flash")
     for D, H in ((128, 16), *(((64, 32),) if args.d64 else ())):
         for causal in (False, True):
             for N in (1024, 4096, 16384):
-                bench(N, D, H, causal)
+                bench(N, D, H, causal, by_tma=by_tma)
     print(f"done in {time.perf_counter() - start:.0f} s")
     return 0
 
