@@ -16,6 +16,8 @@
 #   bash benchmarks/gpu_final.sh gluon-bwd  # the Gluon backward probe (benchmarks/probes/gluon_bwd): its oracle
 #                                        # cases against autograd, its timing beside SDPA, then the library's
 #                                        # backward grid (tests/test_gluon.py -k backward); ~300 s
+#   bash benchmarks/gpu_final.sh triton39   # the Gluon GPU tests and the five-product probe (TMA-reduction
+#                                        # variant included) under Triton 3.9 carried by tools/triton_parts.sh
 #   bash benchmarks/gpu_final.sh gluon-all  # every Gluon GPU test (grids, auto dispatch, CUDA graph), then the
 #                                        # d128 1k and 16k bench cells beside cuDNN with the Gluon backward forced
 #                                        # on; ~420 s (the sanitizer's Gluon section runs in `checks`)
@@ -135,6 +137,19 @@ case ${1:-tests} in
       -p no:benchmark -n "${WORKERS:-8}" --timeout=300 tests/test_gluon.py -m gpu -k backward \
       > "$OUT/tests-gluon-bwd.log" 2>&1
     grep -v "Warn" "$OUT/gluon-bwd.log" | tail -40; tail -3 "$OUT/tests-gluon-bwd.log"; cat "$OUT/times.txt" ;;
+  triton39)
+    # The Gluon kernels under a newer Triton (TRITON_VERSION, default 3.9.0) carried in parts by
+    # tools/triton_parts.sh (its comment says how; the last carrying call runs this mode): unpack,
+    # every Gluon GPU test, then the five-product probe with its TMA-reduction variant; ~450 s.
+    version=${TRITON_VERSION:-3.9.0}
+    bash tools/triton_parts.sh unpack "$version" > "$OUT/triton-unpack.log" 2>&1 || { cat "$OUT/triton-unpack.log"; exit 1; }
+    export TRITON_BACKENDS_IN_TREE=1 PYTHONPATH=$PWD/.triton-parts/$version/site:$PWD/src
+    python3 -c "import triton; print('triton', triton.__version__)" >> "$OUT/gpu.txt"
+    OMP_NUM_THREADS=2 PYTHONPATH=$PYTHONPATH:$PWD timeout "${TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider \
+      -p no:benchmark -n "${WORKERS:-12}" --timeout=200 tests/test_gluon.py -m gpu > "$OUT/tests-gluon-$version.log" 2>&1
+    step timeout 200 python3 benchmarks/probes/gluon_bwd_atomic/check.py > "$OUT/five-product-$version.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-gluon-$version.log"; grep -v "Warn" "$OUT/five-product-$version.log" | tail -20
+    cat "$OUT/times.txt" ;;
   gluon-all)
     # ~220 tests; session 9 ran the forward's part in 175 s and the backward's in 41 s on 8 workers.
     OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider \

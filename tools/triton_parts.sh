@@ -10,7 +10,7 @@
 #   then device calls back to back (the machine goes back after 30 s idle), each carrying what
 #   fits beside the working tree (~4 MiB):
 #     run(command="ls -l .triton-parts/3.9.0", carry=[".triton-parts/3.9.0/part-aa"])
-#     run(command="bash tools/triton_parts.sh unpack 3.9.0 && ...",
+#     run(command="bash benchmarks/gpu_final.sh triton39",   # unpacks, then the Gluon GPU tests
 #         carry=[".triton-parts/3.9.0/part-ab", ".triton-parts/3.9.0/part-ac", ".triton-parts/3.9.0/SHA256SUMS"])
 #   bash tools/triton_parts.sh unpack 3.9.0   # there: checks the parts, installs into
 #                                             # .triton-parts/3.9.0/site; then
