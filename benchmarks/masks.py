@@ -3,7 +3,10 @@ tiles they visit, and FlexAttention with the same masks in the same run (issue 4
 
 bf16, batch 1, heads 16, headdim 128, N = --seqlen (default 16384). Rows, fwd / bwd ms:
 
-    built-in causal          flashtile.attention(causal=True)
+    built-in causal          flashtile.attention(causal=True): on sm_90 the Gluon kernels
+    built-in causal, Triton  the same with FLASHTILE_GLUON=0 and FLASHTILE_GLUON_BWD=0: the
+                             kernel family the mask_mod rows run, so that the mask's own cost
+                             and the Gluon kernels' lead can be told apart
     mask_mod causal          the same through a block mask (causal_mask()), built once
     mask_mod causal, 128x128 the same on 128 × 128 forward tiles (the built-in's at this size);
                              the backward keeps 64-wide key tiles (BlockMask.backward_blocks)
@@ -18,12 +21,30 @@ bf16, batch 1, heads 16, headdim 128, N = --seqlen (default 16384). Rows, fwd / 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 
 import torch
 from timing import median_ms
 
 import flashtile
 from flashtile.mask_mods import and_masks, causal_mask, document_mask
+
+
+@contextlib.contextmanager
+def triton_kernels_only():
+    """The Triton kernels for plain attention too (the Gluon switches off), restored after."""
+    names = ("FLASHTILE_GLUON", "FLASHTILE_GLUON_BWD")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: "0" for name in names})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def time_fwd_bwd(fn, q, k, v):
@@ -69,6 +90,9 @@ def main():
     rows = []  # (name, visited tile fraction or None, flashtile (fwd, bwd) ms, flex's mask: ids or None)
     base = time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, causal=True), q, k, v)
     rows.append(("built-in causal", None, base, None))  # no block mask: its tiles are the config's
+    with triton_kernels_only():
+        rows.append(("built-in causal, Triton", None,
+                     time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, causal=True), q, k, v), None))
     causal = causal_mask()
     block = flashtile.create_block_mask(causal, 1, 1, n, n, device=device)
     rows.append(("mask_mod causal", block.visited_fraction,
@@ -102,7 +126,7 @@ def main():
     print(f"{'FlexAttention, same mask':28s} {'':>6} | {'flex':>17} | "
           "flex time / flashtile time (> 1: flashtile faster)")
     for name, _, (fwd, bwd), ids in rows[1:]:
-        if "128x128" in name:  # flex's default tiles are 128 × 128 already
+        if "128x128" in name or name.startswith("built-in"):  # flex's default tiles are 128 × 128 already
             continue
         flex = flex_fn(ids, True, batch, heads, n, device)
         if flex is None:
