@@ -318,25 +318,18 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
         return built[key]
 
     num_n_blocks = triton.cdiv(seqlen_k, block_n)
-    grid = (num_n_blocks * batch * heads_kv,)
     if head_dim > 128:  # a CTA's keys shared by both warpgroups, one gradient each
-        gluon_bwd_wide._dkdv_wide_kernel[grid](
-            tile(q, block_m), tile(dout, block_m), tile(k, block_n), tile(v, block_n), tile(dk, block_n),
-            tile(dv, block_n),
-            stats(lse2, block_m), stats(delta, block_m), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks,
-            qk_scale, softmax_scale,
-            HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, P_BUFFERS=WIDE_P_BUFFERS,
-            CAUSAL=causal, LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
-        )
+        dkdv_kernel, kv_rows, wide = gluon_bwd_wide._dkdv_wide_kernel, block_n, dict(P_BUFFERS=WIDE_P_BUFFERS)
     else:  # each warpgroup its half of the CTA's keys, both gradients
-        gluon_bwd._dkdv_kernel[grid](
-            tile(q, block_m), tile(dout, block_m), tile(k, block_n // 2), tile(v, block_n // 2),
-            tile(dk, block_n // 2), tile(dv, block_n // 2),
-            stats(lse2, block_m), stats(delta, block_m), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks,
-            qk_scale, softmax_scale,
-            HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
-            LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
-        )
+        dkdv_kernel, kv_rows, wide = gluon_bwd._dkdv_kernel, block_n // 2, {}
+    dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
+        tile(q, block_m), tile(dout, block_m), tile(k, kv_rows), tile(v, kv_rows), tile(dk, kv_rows),
+        tile(dv, kv_rows),
+        stats(lse2, block_m), stats(delta, block_m), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks,
+        qk_scale, softmax_scale,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
+        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, **wide,
+    )
     block_m, block_n, stages = BWD_DQ[head_dim]
     num_m_blocks = triton.cdiv(seqlen_q, block_m)
     gluon_bwd._dq_kernel[(num_m_blocks * batch * heads_q,)](
