@@ -44,7 +44,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import accumulator_layout, q_tile_of_program, stream_kv_tiles, stream_q_tiles, tma_load, tma_store
+from .gluon_common import (accumulator_layout, key_tile_of_program, q_tile_of_program, stream_kv_tiles, stream_q_tiles,
+                           tma_load, tma_store)
 
 
 
@@ -158,20 +159,8 @@ def _dkdv_kernel(
     gl.static_assert(num_warps == 4)
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = q_desc.dtype
-    pid = gl.program_id(0)
-    block_n = pid % num_n_blocks
-    bh = pid // num_n_blocks
-    batch = bh // heads_kv
-    head_kv = bh % heads_kv
-    n_start = block_n * BLOCK_N
-    n_q_blocks = gl.cdiv(seqlen_q, BLOCK_M)
-    if CAUSAL:
-        # first Q tile with a row that sees key n_start: t*BLOCK_M + BLOCK_M - 1 + shift >= n_start
-        first_tile = gl.cdiv(gl.maximum(n_start - (seqlen_k - seqlen_q) - (BLOCK_M - 1), 0), BLOCK_M)
-        first_tile = gl.minimum(first_tile, n_q_blocks)
-    else:
-        first_tile = n_start * 0
-    n_q_tiles = n_q_blocks - first_tile
+    batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
+        gl.program_id(0), num_n_blocks, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)

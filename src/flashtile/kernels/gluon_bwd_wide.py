@@ -30,7 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import accumulator_layout, stream_q_tiles, tma_load, tma_store
+from .gluon_common import accumulator_layout, key_tile_of_program, stream_q_tiles, tma_load, tma_store
 
 # Triton 3.6 calls the barrier of a partition's threads thread_barrier, 3.9 barrier.
 partition_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
@@ -171,20 +171,8 @@ def _dkdv_wide_kernel(
     gl.static_assert(num_warps == 4)
     gl.static_assert(BLOCK_N == 64)
     dtype: gl.constexpr = q_desc.dtype
-    pid = gl.program_id(0)
-    block_n = pid % num_n_blocks
-    bh = pid // num_n_blocks
-    batch = bh // heads_kv
-    head_kv = bh % heads_kv
-    n_start = block_n * BLOCK_N
-    n_q_blocks = gl.cdiv(seqlen_q, BLOCK_M)
-    if CAUSAL:
-        # first Q tile with a row that sees key n_start: t*BLOCK_M + BLOCK_M - 1 + shift >= n_start
-        first_tile = gl.cdiv(gl.maximum(n_start - (seqlen_k - seqlen_q) - (BLOCK_M - 1), 0), BLOCK_M)
-        first_tile = gl.minimum(first_tile, n_q_blocks)
-    else:
-        first_tile = n_start * 0
-    n_q_tiles = n_q_blocks - first_tile
+    batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
+        gl.program_id(0), num_n_blocks, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)

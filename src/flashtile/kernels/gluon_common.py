@@ -1,6 +1,6 @@
 """What the Gluon kernels (gluon_fwd.py, gluon_bwd.py, gluon_bwd_wide.py) share: TMA copy names
-across Triton versions, the register layout of a wgmma accumulator, the Q tile a program owns,
-and the loaders' rings (K/V tiles for the forward and dQ, Q-side tiles for dK/dV)."""
+across Triton versions, the register layout of a wgmma accumulator, the Q or key tile a program
+owns, and the loaders' rings (K/V tiles for the forward and dQ, Q-side tiles for dK/dV)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,28 @@ def q_tile_of_program(pid, num_m_blocks, heads_q, group_size, seqlen_q, seqlen_k
     else:
         kv_end = seqlen_k
     return batch, head, head // group_size, q_start, kv_end
+
+
+@gluon.jit
+def key_tile_of_program(pid, num_n_blocks, heads_kv, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr,
+                        BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks) of program ``pid`` of a
+    dK/dV kernel: key tiles fastest in the grid; the Q tiles of BLOCK_M rows its keys are seen
+    from are first_tile.. (n_q_tiles of the head's n_q_blocks; under CAUSAL, bottom-right
+    aligned, the first with a row that sees key n_start)."""
+    block_n = pid % num_n_blocks
+    bh = pid // num_n_blocks
+    batch = bh // heads_kv
+    head_kv = bh % heads_kv
+    n_start = block_n * BLOCK_N
+    n_q_blocks = gl.cdiv(seqlen_q, BLOCK_M)
+    if CAUSAL:
+        # first Q tile with a row that sees key n_start: t*BLOCK_M + BLOCK_M - 1 + shift >= n_start
+        first_tile = gl.cdiv(gl.maximum(n_start - (seqlen_k - seqlen_q) - (BLOCK_M - 1), 0), BLOCK_M)
+        first_tile = gl.minimum(first_tile, n_q_blocks)
+    else:
+        first_tile = n_start * 0
+    return batch, head_kv, n_start, first_tile, n_q_blocks - first_tile, n_q_blocks
 
 
 @gluon.jit
