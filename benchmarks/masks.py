@@ -21,30 +21,18 @@ bf16, batch 1, heads 16, headdim 128, N = --seqlen (default 16384). Rows, fwd / 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 
 import torch
 from timing import median_ms
 
 import flashtile
+from flashtile.bench.environ import environment
 from flashtile.mask_mods import and_masks, causal_mask, document_mask
 
 
-@contextlib.contextmanager
 def triton_kernels_only():
-    """The Triton kernels for plain attention too (the Gluon switches off), restored after."""
-    names = ("FLASHTILE_GLUON", "FLASHTILE_GLUON_BWD")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update({name: "0" for name in names})
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    """The Triton kernels for plain attention too (the Gluon switches off) inside the block."""
+    return environment({"FLASHTILE_GLUON": "0", "FLASHTILE_GLUON_BWD": "0"})
 
 
 def time_fwd_bwd(fn, q, k, v):

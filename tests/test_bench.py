@@ -8,6 +8,7 @@ what is checked is that every cell is either a number or a reason.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -291,3 +292,24 @@ def test_the_report_prints_and_writes_the_targets(capsys):
                                "cells": 1, "met": 1, "worst_ratio": pytest.approx(1.1),
                                "worst_cell": "d128 full N=16384 fwd", "holds": True}]
     assert report.targets_table(cells[:1]) is None  # nothing to compare with
+
+
+def test_environment_sets_its_names_for_the_block_and_puts_each_back(monkeypatch):
+    from flashtile.bench.cli import fresh_compile_caches
+    from flashtile.bench.environ import environment
+
+    monkeypatch.setenv("FLASHTILE_TEST_SET", "before")
+    monkeypatch.delenv("FLASHTILE_TEST_UNSET", raising=False)
+    with environment({"FLASHTILE_TEST_SET": "inside", "FLASHTILE_TEST_UNSET": "inside"}):
+        assert os.environ["FLASHTILE_TEST_SET"] == os.environ["FLASHTILE_TEST_UNSET"] == "inside"
+        os.environ["FLASHTILE_TEST_OTHER"] = "set inside"  # not one of its names: kept
+    assert os.environ["FLASHTILE_TEST_SET"] == "before" and "FLASHTILE_TEST_UNSET" not in os.environ
+    assert os.environ.pop("FLASHTILE_TEST_OTHER") == "set inside"
+    # the cold-cache switch of `flashtile bench`: three caches in one new directory, then as before
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/tmp/kept")
+    monkeypatch.delenv("FLASHTILE_CACHE_DIR", raising=False)
+    with fresh_compile_caches(True):
+        root = os.path.dirname(os.environ["TRITON_CACHE_DIR"])
+        assert os.path.isdir(root) and os.environ["FLASHTILE_CACHE_DIR"] == os.path.join(root, "flashtile")
+    assert os.environ["TRITON_CACHE_DIR"] == "/tmp/kept" and "FLASHTILE_CACHE_DIR" not in os.environ
+    assert not os.path.exists(root)

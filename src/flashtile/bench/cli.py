@@ -16,6 +16,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .environ import environment
 from .harness import DTYPES, MODES, Grid, Timer, first_calls, run_grid
 from .providers import DEFAULT_PROVIDERS, PROVIDERS
 from .report import collect_meta, matplotlib_missing, print_report, to_json, write_json, write_plots
@@ -135,18 +136,9 @@ def fresh_compile_caches(enabled: bool) -> Iterator[None]:
         yield
         return
     names = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHTILE_CACHE_DIR")
-    saved = {name: os.environ.get(name) for name in names}
-    with tempfile.TemporaryDirectory(prefix="flashtile-bench-cache-") as root:
-        for name in names:
-            os.environ[name] = os.path.join(root, name.split("_")[0].lower())
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+    with tempfile.TemporaryDirectory(prefix="flashtile-bench-cache-") as root, \
+            environment({name: os.path.join(root, name.split("_")[0].lower()) for name in names}):
+        yield
 
 
 def _flashtile_backend(device: torch.device, dtype: torch.dtype) -> str:
