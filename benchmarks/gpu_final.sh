@@ -18,6 +18,8 @@
 #                                        # backward grid (tests/test_gluon.py -k backward); ~300 s
 #   bash benchmarks/gpu_final.sh triton39   # the Gluon GPU tests and the five-product probe (TMA-reduction
 #                                        # variant included) under Triton 3.9 carried by tools/triton_parts.sh
+#   bash benchmarks/gpu_final.sh fwd-ab     # a Gluon forward branch's gate (fwd-ffma): forward GPU tests, then the
+#                                        # forward sweep on this tree and on OLD_SRC (main's src/); ~250 s
 #   bash benchmarks/gpu_final.sh gluon-all  # every Gluon GPU test (grids, auto dispatch, CUDA graph), then the
 #                                        # d128 1k and 16k bench cells beside cuDNN with the Gluon backward forced
 #                                        # on; ~420 s (the sanitizer's Gluon section runs in `checks`)
@@ -150,6 +152,21 @@ case ${1:-tests} in
     step timeout 200 python3 benchmarks/probes/gluon_bwd_atomic/check.py > "$OUT/five-product-$version.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-gluon-$version.log"; grep -v "Warn" "$OUT/five-product-$version.log" | tail -20
     cat "$OUT/times.txt" ;;
+  fwd-ab)
+    # The merge gate of a branch that changes the Gluon forward (fwd-ffma: the softmax scale
+    # folded into one FFMA per score): the forward grid, dispatch and replay tests, then
+    # gluon_sweep's forward candidates as CUDA graphs on this tree and on OLD_SRC (main's src/,
+    # carried); ~250 s.
+    OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-120}" python3 -m pytest -q -p no:cacheprovider \
+      -p no:benchmark -n "${WORKERS:-12}" --timeout=100 tests/test_gluon.py -m gpu \
+      -k "forward_grid or replay or by_default or leaves" > "$OUT/tests-fwd.log" 2>&1
+    step timeout 100 python3 benchmarks/probes/gluon_sweep.py --which fwd --headdims 128 64 256 > "$OUT/sweep-fwd.log" 2>&1
+    if [[ -n "${OLD_SRC:-}" ]]; then
+      echo "== OLD_SRC=$OLD_SRC" >> "$OUT/sweep-fwd.log"
+      step env PYTHONPATH="$OLD_SRC" timeout 100 python3 benchmarks/probes/gluon_sweep.py --which fwd \
+        --headdims 128 64 256 >> "$OUT/sweep-fwd.log" 2>&1
+    fi
+    tail -2 "$OUT/tests-fwd.log"; grep "^fwd\|^==" "$OUT/sweep-fwd.log"; cat "$OUT/times.txt" ;;
   gluon-all)
     # ~220 tests; session 9 ran the forward's part in 175 s and the backward's in 41 s on 8 workers.
     OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider \

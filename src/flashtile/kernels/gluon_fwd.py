@@ -56,14 +56,14 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_
 @gluon.jit
 def _softmax_update(s, m_i, l_i, rows, tile_start, seqlen_k, shift, diagonal, qk_scale, s_layout: gl.constexpr,
                     BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """One online-softmax step on the raw scores s (rows × BLOCK_N, float32).
+    """One online-softmax step on the raw scores s (rows × BLOCK_N, float32, before the
+    softmax scale; qk_scale = softmax_scale · log2(e)).
 
     Returns P (unnormalised, float32), the factor alpha that rescales the running output,
     and the new running max (log2 units) and sum. Query row r sees keys up to
     r + ``shift`` (seqlen_k - seqlen_q: bottom-right aligned); ``diagonal`` is that bound
     for the warpgroup's first row.
     """
-    s = s * qk_scale
     # Only tiles that cross the end of the keys or the causal diagonal are masked: a
     # branch uniform across the warpgroup keeps the index math out of the other tiles.
     crosses_end = tile_start + BLOCK_N > seqlen_k
@@ -77,10 +77,13 @@ def _softmax_update(s, m_i, l_i, rows, tile_start, seqlen_k, shift, diagonal, qk
         if CAUSAL:
             visible = visible & (cols[None, :] <= (rows + shift)[:, None])
         s = gl.where(visible, s, -float("inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    # The scale is applied to the row maxima (exactly max(s · qk_scale): qk_scale > 0) and
+    # folded into the exponent's argument, s · qk_scale − m, which is one FFMA per score
+    # instead of a multiply and a subtraction, as FlashAttention-3 does.
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     # A row that has seen no key yet keeps m = -inf; exp2(-inf - 0) = 0 instead of NaN.
     m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)
-    p = gl.exp2(s - m_safe[:, None])
+    p = gl.exp2(s * qk_scale - m_safe[:, None])
     alpha = gl.exp2(m_i - m_safe)
     l_new = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_new
