@@ -203,8 +203,11 @@ def _dkdv_wide_kernel(
     lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], lse_desc.layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], delta_desc.layout)
     # Pᵀ in float32, as the accumulator holds it: both warpgroups share the accumulator
-    # layout, so each thread reads back what its twin wrote.
-    p_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    # layout, so each thread reads back what its twin wrote. A warp's store covers 8 rows of
+    # 8 columns (4 threads a row); unswizzled, rows 256 bytes apart fall on the same 8 banks.
+    # Swizzling 8-column groups by row puts the 8 rows on 8 different 32-byte groups: all 32
+    # banks, two wavefronts per store instead of eight.
+    p_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
     p_smem = gl.allocate_shared_memory(gl.float32, [P_BUFFERS, BLOCK_N, BLOCK_M], p_layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     v_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
