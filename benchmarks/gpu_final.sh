@@ -20,6 +20,8 @@
 #                                        # variant included) under Triton 3.9 carried by tools/triton_parts.sh
 #   bash benchmarks/gpu_final.sh fwd-ab     # a Gluon forward branch's gate (fwd-ffma): forward GPU tests, then the
 #                                        # forward sweep on this tree and on OLD_SRC (main's src/); ~250 s
+#   bash benchmarks/gpu_final.sh d256-bwd   # branch wide-pipe's gate: the d256 backward GPU tests, then its sweep
+#                                        # on this tree and on OLD_SRC (main's src/); ~150 s
 #   bash benchmarks/gpu_final.sh gluon-all  # every Gluon GPU test (grids, auto dispatch, CUDA graph), then the
 #                                        # d128 1k and 16k bench cells beside cuDNN with the Gluon backward forced
 #                                        # on; ~420 s (the sanitizer's Gluon section runs in `checks`)
@@ -167,6 +169,21 @@ case ${1:-tests} in
         --headdims 128 64 256 >> "$OUT/sweep-fwd.log" 2>&1
     fi
     tail -2 "$OUT/tests-fwd.log"; grep "^fwd\|^==" "$OUT/sweep-fwd.log"; cat "$OUT/times.txt" ;;
+  d256-bwd)
+    # The merge gate of branch wide-pipe (the wide dK/dV kernel issuing each next tile's first
+    # product before waiting): the d256 backward GPU tests, then gluon_sweep's d256 backward
+    # candidates as CUDA graphs on this tree and on OLD_SRC (main's src/, carried), ~150 s.
+    OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-100}" python3 -m pytest -q -p no:cacheprovider \
+      -p no:benchmark -n "${WORKERS:-12}" --timeout=60 tests/test_gluon.py -m gpu \
+      -k "(backward_grid and d256) or (lse_gradient and 256) or (same_bits and 256) or (replay and 256)" \
+      > "$OUT/tests-d256-bwd.log" 2>&1
+    step timeout 60 python3 benchmarks/probes/gluon_sweep.py --which bwd --headdims 256 > "$OUT/sweep-d256-bwd.log" 2>&1
+    if [[ -n "${OLD_SRC:-}" ]]; then
+      echo "== OLD_SRC=$OLD_SRC" >> "$OUT/sweep-d256-bwd.log"
+      step env PYTHONPATH="$OLD_SRC" timeout 60 python3 benchmarks/probes/gluon_sweep.py --which bwd --headdims 256 \
+        >> "$OUT/sweep-d256-bwd.log" 2>&1
+    fi
+    tail -2 "$OUT/tests-d256-bwd.log"; grep "^bwd\|^==" "$OUT/sweep-d256-bwd.log"; cat "$OUT/times.txt" ;;
   gluon-all)
     # ~220 tests; session 9 ran the forward's part in 175 s and the backward's in 41 s on 8 workers.
     OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider \

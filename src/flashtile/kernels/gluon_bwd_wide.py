@@ -15,11 +15,13 @@ is split by gradient instead, each warpgroup holding one accumulator (128 regist
   of the GQA group.
 
 Each warpgroup runs two of the four products per tile, of equal size, so the tensor cores see
-a balanced load; Pᵀ passes one way, through P_BUFFERS slots each with a "full" and an "empty"
-mbarrier, so the dV warpgroup can run up to that many tiles ahead (the ring's NUM_STAGES
-bounds it too: a slot is refilled only once both warpgroups are done with it). dK (times softmax_scale) is
-staged in K's buffer, dV in V's once the dK warpgroup's last V·dOᵀ has retired (the "v_free"
-barrier), and both are TMA-stored. Conventions (views, lse2 and Delta buffers, bottom-right
+a balanced load, and issues its next tile's first product (Sᵀ or dPᵀ) right behind the
+current tile's second before waiting for it. Pᵀ passes one way, through P_BUFFERS slots each
+with a "full" and an "empty" mbarrier, so the dV warpgroup can run up to that many tiles ahead
+(the ring's NUM_STAGES bounds it too: a slot is refilled only once both warpgroups are done with
+it). dK (times softmax_scale) is staged in K's buffer once the dV warpgroup's last K·Qᵀ product
+has retired (the "k_free" barrier), dV in V's once the dK warpgroup's last V·dOᵀ has (the
+"v_free" barrier), and both are TMA-stored. Conventions (views, lse2 and Delta buffers, bottom-right
 causal, padding rows) are gluon_bwd.py's; dQ comes from its dQ kernel.
 """
 
@@ -50,7 +52,7 @@ def _loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_sm
 
 @gluon.jit
 def _dv_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, p_smem, kv_ready, q_ready, do_ready, empty, p_full,
-                 p_empty, v_free, dv_desc, batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles,
+                 p_empty, v_free, k_free, dv_desc, batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles,
                  group_size, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  NUM_STAGES: gl.constexpr, P_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr):
     """Sᵀ, Pᵀ (handed over) and dV += Pᵀ dO for the CTA's BLOCK_N keys, every streamed Q tile."""
@@ -67,17 +69,21 @@ def _dv_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, p_smem, kv_ready, q_
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
 
+    total = group_size * n_q_tiles  # >= 1: every key is seen by some query
     mbarrier.wait(kv_ready, 0)
-    for it in range(group_size * n_q_tiles):
+    # Sᵀ of tile 0 before the loop; each step then issues the next tile's Sᵀ right behind its
+    # own dV product, so the tensor cores get the two back to back (the last step recomputes
+    # its own tile's Sᵀ and drops it: no branch around an asynchronous product).
+    mbarrier.wait(q_ready.index(0), 0)
+    s = warpgroup_mma(k_tile, q_smem.index(0).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)), s_zero, use_acc=False,
+                      is_async=True)
+    for it in range(total):
         g = it // n_q_tiles
         m_start = (first_tile + it - g * n_q_tiles) * BLOCK_M
         slot = it % NUM_STAGES
         phase = (it // NUM_STAGES) & 1
         buffer = it % P_BUFFERS
-        q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        mbarrier.wait(q_ready.index(slot), phase)
-        s = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s, ))
         lse2 = lse_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
         s = s * qk_scale - lse2[None, :]
@@ -95,8 +101,15 @@ def _dv_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, p_smem, kv_ready, q_
         p16 = gl.convert_layout(p.to(dtype), a_layout, assert_trivial=True)
         mbarrier.wait(do_ready.index(slot), phase)
         dv = warpgroup_mma(p16, do_tile, dv, is_async=True)
-        dv, p16 = warpgroup_mma_wait(0, deps=(dv, p16))
+        following = gl.minimum(it + 1, total - 1)
+        next_slot = following % NUM_STAGES
+        mbarrier.wait(q_ready.index(next_slot), (following // NUM_STAGES) & 1)
+        s = warpgroup_mma(k_tile, q_smem.index(next_slot).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)), s_zero,
+                          use_acc=False, is_async=True)
+        dv, p16 = warpgroup_mma_wait(1, deps=(dv, p16))  # dV done; the next Sᵀ may still run
         mbarrier.arrive(empty.index(slot), count=1)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.arrive(k_free, count=1)  # every K·Qᵀ product retired: K's buffer may take dK
 
     # V is read by the dK warpgroup's products until its loop ends.
     mbarrier.wait(v_free, 0)
@@ -108,7 +121,7 @@ def _dv_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, p_smem, kv_ready, q_
 
 @gluon.jit
 def _dk_consumer(q_smem, do_smem, k_smem, v_smem, delta_smem, p_smem, kv_ready, q_ready, do_ready, empty, p_full,
-                 p_empty, v_free, dk_desc, batch, head_kv, n_start, n_q_tiles, group_size, softmax_scale,
+                 p_empty, v_free, k_free, dk_desc, batch, head_kv, n_start, n_q_tiles, group_size, softmax_scale,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                  P_BUFFERS: gl.constexpr):
     """dPᵀ, dSᵀ and dK += dSᵀ Q for the CTA's BLOCK_N keys, every streamed Q tile."""
@@ -123,15 +136,17 @@ def _dk_consumer(q_smem, do_smem, k_smem, v_smem, delta_smem, p_smem, kv_ready, 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
 
+    total = group_size * n_q_tiles
     mbarrier.wait(kv_ready, 0)
-    for it in range(group_size * n_q_tiles):
+    # As the dV warpgroup: dPᵀ of tile 0 first, then each step's next dPᵀ right behind its dK.
+    mbarrier.wait(do_ready.index(0), 0)
+    dp = warpgroup_mma(v_tile, do_smem.index(0).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)), s_zero, use_acc=False,
+                       is_async=True)
+    for it in range(total):
         slot = it % NUM_STAGES
         phase = (it // NUM_STAGES) & 1
         buffer = it % P_BUFFERS
         q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        mbarrier.wait(do_ready.index(slot), phase)
-        dp = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dp = warpgroup_mma_wait(0, deps=(dp, ))
         delta = delta_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
         mbarrier.wait(p_full.index(buffer), (it // P_BUFFERS) & 1)
@@ -142,11 +157,18 @@ def _dk_consumer(q_smem, do_smem, k_smem, v_smem, delta_smem, p_smem, kv_ready, 
         ds16 = gl.convert_layout(ds.to(dtype), a_layout, assert_trivial=True)
         mbarrier.wait(q_ready.index(slot), phase)
         dk = warpgroup_mma(ds16, q_tile, dk, is_async=True)
-        dk, ds16 = warpgroup_mma_wait(0, deps=(dk, ds16))
+        following = gl.minimum(it + 1, total - 1)
+        next_slot = following % NUM_STAGES
+        mbarrier.wait(do_ready.index(next_slot), (following // NUM_STAGES) & 1)
+        dp = warpgroup_mma(v_tile, do_smem.index(next_slot).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)), s_zero,
+                           use_acc=False, is_async=True)
+        dk, ds16 = warpgroup_mma_wait(1, deps=(dk, ds16))  # dK done; the next dPᵀ may still run
         mbarrier.arrive(empty.index(slot), count=1)
+    dp = warpgroup_mma_wait(0, deps=(dp, ))
     mbarrier.arrive(v_free, count=1)  # every V·dOᵀ has retired: V's buffer may take dV
 
-    # K's buffer is dead: the dV warpgroup's last K·Qᵀ (Sᵀ) retired before the last Pᵀ came.
+    # K's buffer takes dK once the dV warpgroup's last K·Qᵀ product has retired.
+    mbarrier.wait(k_free, 0)
     k_tile.store((dk * softmax_scale).to(dtype))
     fence_async_shared()
     tma_store(dk_desc, [batch, head_kv, n_start, 0], k_smem)
@@ -181,11 +203,15 @@ def _dkdv_wide_kernel(
     lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], lse_desc.layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], delta_desc.layout)
     # Pᵀ in float32, as the accumulator holds it: both warpgroups share the accumulator
-    # layout, so each thread reads back what its twin wrote.
-    p_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    # layout, so each thread reads back what its twin wrote. A warp's store covers 8 rows of
+    # 8 columns (4 threads a row); unswizzled, rows 256 bytes apart fall on the same 8 banks.
+    # Swizzling 8-column groups by row puts the 8 rows on 8 different 32-byte groups: all 32
+    # banks, two wavefronts per store instead of eight.
+    p_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
     p_smem = gl.allocate_shared_memory(gl.float32, [P_BUFFERS, BLOCK_N, BLOCK_M], p_layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     v_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -193,6 +219,7 @@ def _dkdv_wide_kernel(
     p_empty = gl.allocate_shared_memory(gl.int64, [P_BUFFERS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
     mbarrier.init(v_free, count=1)
+    mbarrier.init(k_free, count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(do_ready.index(i), count=1)
@@ -204,10 +231,10 @@ def _dkdv_wide_kernel(
 
     gl.warp_specialize([
         (_dv_consumer, (q_smem, do_smem, k_smem, v_smem, lse_smem, p_smem, kv_ready, q_ready, do_ready, empty, p_full,
-                        p_empty, v_free, dv_desc, batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles,
-                        group_size, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, P_BUFFERS, CAUSAL)),
+                        p_empty, v_free, k_free, dv_desc, batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile,
+                        n_q_tiles, group_size, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, P_BUFFERS, CAUSAL)),
         (_dk_consumer, (q_smem, do_smem, k_smem, v_smem, delta_smem, p_smem, kv_ready, q_ready, do_ready, empty,
-                        p_full, p_empty, v_free, dk_desc, batch, head_kv, n_start, n_q_tiles, group_size,
+                        p_full, p_empty, v_free, k_free, dk_desc, batch, head_kv, n_start, n_q_tiles, group_size,
                         softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, P_BUFFERS)),
         (_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
                    delta_smem, kv_ready, q_ready, do_ready, empty, batch, head_kv, n_start, heads_q, group_size,
