@@ -18,6 +18,8 @@
 #                                        # backward grid (tests/test_gluon.py -k backward); ~300 s
 #   bash benchmarks/gpu_final.sh triton39   # the Gluon GPU tests and the five-product probe (TMA-reduction
 #                                        # variant included) under Triton 3.9 carried by tools/triton_parts.sh
+#   bash benchmarks/gpu_final.sh padded     # branch gluon-padded's gate: d40/d96/d192 Gluon GPU tests, then
+#                                        # probes/padded_head_dims.py; ~200 s
 #   bash benchmarks/gpu_final.sh gluon-all  # every Gluon GPU test (grids, auto dispatch, CUDA graph), then the
 #                                        # d128 1k and 16k bench cells beside cuDNN with the Gluon backward forced
 #                                        # on; ~420 s (the sanitizer's Gluon section runs in `checks`)
@@ -150,6 +152,15 @@ case ${1:-tests} in
     step timeout 200 python3 benchmarks/probes/gluon_bwd_atomic/check.py > "$OUT/five-product-$version.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-gluon-$version.log"; grep -v "Warn" "$OUT/five-product-$version.log" | tail -20
     cat "$OUT/times.txt" ;;
+  padded)
+    # The merge gate of branch gluon-padded (head dims between 64, 128 and 256 on the next
+    # kernel's width): the Gluon grids' d40/d96/d192 cases and the host-side tests, then
+    # probes/padded_head_dims.py (oracle errors, Gluon against Triton through the API); ~200 s.
+    OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-120}" python3 -m pytest -q -p no:cacheprovider \
+      -p no:benchmark -n "${WORKERS:-12}" --timeout=100 tests/test_gluon.py -m gpu -k "d40 or d96 or d192" \
+      > "$OUT/tests-padded.log" 2>&1
+    step timeout 150 python3 benchmarks/probes/padded_head_dims.py > "$OUT/padded.log" 2>&1
+    tail -2 "$OUT/tests-padded.log"; grep -v "Warn" "$OUT/padded.log"; cat "$OUT/times.txt" ;;
   gluon-all)
     # ~220 tests; session 9 ran the forward's part in 175 s and the backward's in 41 s on 8 workers.
     OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider \
