@@ -95,9 +95,7 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool) -> bool:
     kernels run padded (40, 96, 192, ...) have not been timed: never under auto."""
     if head_dim not in KERNEL_HEAD_DIMS:
         return False
-    if backward:
-        return head_dim in (64, 128, 256)
-    return head_dim in (128, 256) or seqlen_k >= 4096
+    return backward or head_dim in (128, 256) or seqlen_k >= 4096
 
 
 @functools.lru_cache(maxsize=None)
