@@ -22,6 +22,8 @@
 #                                        # forward sweep on this tree and on OLD_SRC (main's src/); ~250 s
 #   bash benchmarks/gpu_final.sh d256-bwd   # branch wide-pipe's gate: the d256 backward GPU tests, then its sweep
 #                                        # on this tree and on OLD_SRC (main's src/); ~150 s
+#   bash benchmarks/gpu_final.sh padded     # branch gluon-padded's gate: d40/d96/d192 Gluon GPU tests, then
+#                                        # probes/padded_head_dims.py; ~200 s
 #   bash benchmarks/gpu_final.sh gluon-all  # every Gluon GPU test (grids, auto dispatch, CUDA graph), then the
 #                                        # d128 1k and 16k bench cells beside cuDNN with the Gluon backward forced
 #                                        # on; ~420 s (the sanitizer's Gluon section runs in `checks`)
@@ -184,6 +186,15 @@ case ${1:-tests} in
         >> "$OUT/sweep-d256-bwd.log" 2>&1
     fi
     tail -2 "$OUT/tests-d256-bwd.log"; grep "^bwd\|^==" "$OUT/sweep-d256-bwd.log"; cat "$OUT/times.txt" ;;
+  padded)
+    # The merge gate of branch gluon-padded (head dims between 64, 128 and 256 on the next
+    # kernel's width): the Gluon grids' d40/d96/d192 cases and the host-side tests, then
+    # probes/padded_head_dims.py (oracle errors, Gluon against Triton through the API); ~200 s.
+    OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-120}" python3 -m pytest -q -p no:cacheprovider \
+      -p no:benchmark -n "${WORKERS:-12}" --timeout=100 tests/test_gluon.py -m gpu -k "d40 or d96 or d192" \
+      > "$OUT/tests-padded.log" 2>&1
+    step timeout 150 python3 benchmarks/probes/padded_head_dims.py > "$OUT/padded.log" 2>&1
+    tail -2 "$OUT/tests-padded.log"; grep -v "Warn" "$OUT/padded.log"; cat "$OUT/times.txt" ;;
   gluon-all)
     # ~220 tests; session 9 ran the forward's part in 175 s and the backward's in 41 s on 8 workers.
     OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider \

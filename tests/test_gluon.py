@@ -202,11 +202,12 @@ class _RecordLaunch:
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 40, 96, 192])
 def test_the_gluon_backward_hands_each_kernel_descriptors_of_its_own_tiles(monkeypatch, head_dim):
     # The host side of the Gluon backward, kernels stubbed: each kernel's descriptors must move
     # the tiles its constexprs say (a mismatch is a wrong answer or a hang on the GPU). d256
-    # takes gluon_bwd_wide's dK/dV kernel, whose K/V tiles are whole BLOCK_N rows.
+    # takes gluon_bwd_wide's dK/dV kernel, whose K/V tiles are whole BLOCK_N rows; head dims
+    # between run the next kernel's width (40 -> 64, 96 -> 128, 192 -> 256) over zero columns.
     _, _, _, gluon_bwd, gluon_bwd_wide = hopper._gluon()
     launches = []
     for module, name in ((gluon_bwd, "_dkdv_kernel"), (gluon_bwd_wide, "_dkdv_wide_kernel"),
@@ -219,16 +220,18 @@ def test_the_gluon_backward_hands_each_kernel_descriptors_of_its_own_tiles(monke
     lse2, delta = (torch.zeros(batch * heads_q, s_pad) for _ in range(2))
     hopper.backward(q, k, v, dout, lse2, delta, head_dim ** -0.5, True, dq, dk, dv)
 
+    width = hopper.kernel_head_dim(head_dim)
     assert [name for name, *_ in launches] == [
-        "_dkdv_wide_kernel" if head_dim == 256 else "_dkdv_kernel", "_dq_kernel"]
+        "_dkdv_wide_kernel" if width == 256 else "_dkdv_kernel", "_dq_kernel"]
     (_, grid_kv, args_kv, const_kv), (_, grid_q, args_q, const_q) = launches
+    assert const_kv["HEAD_DIM"] == const_q["HEAD_DIM"] == width
     m, n = const_kv["BLOCK_M"], const_kv["BLOCK_N"]
-    kv_rows = n if head_dim == 256 else n // 2  # whole tiles, or one half per warpgroup
+    kv_rows = n if width == 256 else n // 2  # whole tiles, or one half per warpgroup
     q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc = args_kv[:8]
     assert [d.base for d in (q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc)] == [q, dout, k, v, dk, dv]
-    assert q_desc.block_shape == do_desc.block_shape == [1, 1, m, head_dim]
+    assert q_desc.block_shape == do_desc.block_shape == [1, 1, m, width]
     for d in (k_desc, v_desc, dk_desc, dv_desc):
-        assert d.block_shape == [1, 1, kv_rows, head_dim]
+        assert d.block_shape == [1, 1, kv_rows, width] and d.shape[3] == head_dim
     assert lse_desc.base is lse2 and delta_desc.base is delta
     assert lse_desc.block_shape == delta_desc.block_shape == [1, m]
     assert grid_kv == (triton.cdiv(seqlen_k, n) * batch * heads_kv,)
@@ -236,10 +239,40 @@ def test_the_gluon_backward_hands_each_kernel_descriptors_of_its_own_tiles(monke
     q_half, do_half, k_tile, v_tile, dq_half = args_q[:5]
     assert [d.base for d in (q_half, do_half, k_tile, v_tile, dq_half)] == [q, dout, k, v, dq]
     for d in (q_half, do_half, dq_half):
-        assert d.block_shape == [1, 1, dq_m // 2, head_dim]
-    assert k_tile.block_shape == v_tile.block_shape == [1, 1, dq_n, head_dim]
+        assert d.block_shape == [1, 1, dq_m // 2, width]
+    assert k_tile.block_shape == v_tile.block_shape == [1, 1, dq_n, width]
     assert grid_q == (triton.cdiv(seqlen_q, dq_m) * batch * heads_q,)
     assert s_pad % m == 0 and s_pad % dq_m == 0
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+def test_the_gluon_forward_hands_its_kernel_descriptors_of_its_own_tiles(monkeypatch, head_dim):
+    gluon_fwd = hopper._gluon()[0]
+    launches = []
+    monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
+    q, out = (torch.randn(2, 6, 300, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(2, 2, 333, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    lse = hopper.forward(q, k, v, out, head_dim ** -0.5, causal=False)
+    assert lse.shape == (2, 6, 300)
+    ((_, grid, args, constexprs),) = launches
+    width = hopper.kernel_head_dim(head_dim)
+    assert constexprs["HEAD_DIM"] == width
+    q_desc, k_desc, v_desc, o_desc = args[:4]
+    assert [d.base for d in (q_desc, k_desc, v_desc, o_desc)] == [q, k, v, out]
+    half = constexprs["BLOCK_M"] // 2
+    assert q_desc.block_shape == o_desc.block_shape == [1, 1, half, width]
+    assert k_desc.block_shape == v_desc.block_shape == [1, 1, constexprs["BLOCK_N"], width]
+    assert grid == (triton.cdiv(300, constexprs["BLOCK_M"]) * 2 * 6,)
+
+
+def test_head_dims_between_the_kernels_run_padded_but_never_under_auto_until_timed():
+    assert [hopper.kernel_head_dim(d) for d in (8, 40, 64, 80, 96, 128, 160, 192, 256)] == \
+        [64, 64, 64, 128, 128, 128, 256, 256, 256]
+    assert hopper.kernel_head_dim(264) is None
+    for head_dim in (40, 96, 192):
+        assert not hopper.measured_faster(head_dim, 16384, backward=False)
+        assert not hopper.measured_faster(head_dim, 16384, backward=True)
 
 
 GRID = [
@@ -249,6 +282,10 @@ GRID = [
         [(1, 1), (17, 17), (113, 203), (203, 113), (128, 128), (1023, 1023), (4097, 1024), (1, 1023), (1023, 17),
          (256, 4097)],
         [False, True])
+] + [  # head dims between the kernels' widths, run on the next one over zero columns
+    (torch.bfloat16, d, sq_sk, causal)
+    for d, sq_sk, causal in itertools.product(
+        [40, 96, 192], [(17, 17), (113, 203), (1023, 1023), (256, 4097)], [False, True])
 ]
 
 

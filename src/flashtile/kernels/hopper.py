@@ -68,6 +68,19 @@ def setting(backward: bool = False) -> str:
     return value
 
 
+# The head dims the kernels are built for; a call of another head dim up to 256 runs the
+# smallest that holds it, its extra columns zero: TMA fills the columns past the tensor's last
+# dim with zeros on a load (so Q Kᵀ, P V and the gradients' products are exact) and leaves them
+# out of a store.
+KERNEL_HEAD_DIMS = (64, 128, 256)
+
+
+def kernel_head_dim(head_dim: int) -> int | None:
+    """The head dim of the kernel that runs a call of ``head_dim`` (e.g. 96 -> 128, 192 -> 256),
+    or None past 256."""
+    return next((d for d in KERNEL_HEAD_DIMS if d >= head_dim), None)
+
+
 def measured_faster(head_dim: int, seqlen_k: int, backward: bool) -> bool:
     """Where the Gluon kernels beat the Triton ones on the H200, each measured through
     ``flashtile.attention`` as a user calls it (bf16, 16k tokens; docs/performance.md, sessions
@@ -78,10 +91,11 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool) -> bool:
     every head dim at every length; the one cell where it trailed in a run, d128 causal at 1k,
     is host-bound and scatters between runs on either side of the Triton backward. d256 (session
     11, gluon_bwd_wide): 377 / 446 / 435 TFLOP/s non-causal at 1k / 4k / 16k and 293 / 389 / 422
-    causal, against the Triton backward's 198 / 224 / 228 and 142 / 187 / 209."""
-    if backward:
-        return head_dim in (64, 128, 256)
-    return head_dim in (128, 256) or seqlen_k >= 4096
+    causal, against the Triton backward's 198 / 224 / 228 and 142 / 187 / 209. Head dims the
+    kernels run padded (40, 96, 192, ...) have not been timed: never under auto."""
+    if head_dim not in KERNEL_HEAD_DIMS:
+        return False
+    return backward or head_dim in (128, 256) or seqlen_k >= 4096
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,8 +156,7 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         return False
     plain = (softcap == 0 and alibi_slopes is None and bias is None and dropout_p == 0 and varlen is None
              and block_mask is None and score_mod is None and band.left is None and band.right in (None, 0))
-    head_dims = (64, 128, 256)
-    if not plain or q.dtype not in (torch.bfloat16, torch.float16) or q.shape[3] not in head_dims:
+    if not plain or q.dtype not in (torch.bfloat16, torch.float16) or kernel_head_dim(q.shape[3]) is None:
         return False
     if any(t.dtype != q.dtype for t in (k, v, out, *grads)):  # one element type per kernel
         return False
@@ -248,23 +261,27 @@ def _descriptor(t: torch.Tensor, box: tuple, layout):
     return descriptor
 
 
-def _tile_descriptor(t: torch.Tensor, rows: int):
-    """A TMA descriptor of a (B, H, S, D) view whose copies move (1, 1, rows, D) tiles."""
-    return _descriptor(t, (1, 1, rows, t.shape[3]), _tile_layout(rows, t.shape[3], t.dtype))
+def _tile_descriptor(t: torch.Tensor, rows: int, width: int | None = None):
+    """A TMA descriptor of a (B, H, S, D) view whose copies move (1, 1, rows, width) tiles;
+    ``width`` (default D) may exceed D: the columns past it load as zeros and are not stored."""
+    width = t.shape[3] if width is None else width
+    return _descriptor(t, (1, 1, rows, width), _tile_layout(rows, width, t.dtype))
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, softmax_scale: float,
             causal: bool) -> torch.Tensor:
-    """Write out (B, Hq, Sq, D) and return the LSE (B, Hq, Sq), float32, natural log."""
+    """Write out (B, Hq, Sq, D) and return the LSE (B, Hq, Sq), float32, natural log. D of any
+    size up to 256 runs the kernel of kernel_head_dim(D)."""
     gluon_fwd = _gluon()[0]
-    batch, heads_q, seqlen_q, head_dim = q.shape
+    batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    head_dim = kernel_head_dim(q.shape[3])
     block_n, num_stages = _config(head_dim, seqlen_k)
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
     num_m_blocks = triton.cdiv(seqlen_q, BLOCK_M)
     gluon_fwd._fwd_pingpong_kernel[(num_m_blocks * batch * heads_q,)](
-        _tile_descriptor(q, BLOCK_M // 2), _tile_descriptor(k, block_n), _tile_descriptor(v, block_n),
-        _tile_descriptor(out, BLOCK_M // 2),
+        _tile_descriptor(q, BLOCK_M // 2, head_dim), _tile_descriptor(k, block_n, head_dim),
+        _tile_descriptor(v, block_n, head_dim), _tile_descriptor(out, BLOCK_M // 2, head_dim),
         lse, lse.stride(0), lse.stride(1), heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
         softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=block_n, NUM_STAGES=num_stages, CAUSAL=causal,
@@ -295,10 +312,12 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
     """Write dq (B, Hq, Sq, D) and dk, dv (B, Hkv, Sk, D). ``lse2`` and ``delta`` (B·Hq, S_pad),
     float32, S_pad a multiple of STATS_ROWS: LSE·log2(e) and rowsum(dO ∘ O) less any LSE
     gradient, padding rows (and rows that saw no key) +inf and 0, so their P is exactly 0 and
-    no tile needs a row mask (launch.py's gluon_backward_stats writes them)."""
+    no tile needs a row mask (launch.py's gluon_backward_stats writes them). D of any size up to
+    256 runs the kernels of kernel_head_dim(D)."""
     gluon_bwd, gluon_bwd_wide = _gluon()[3:]
-    batch, heads_q, seqlen_q, head_dim = q.shape
+    batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    head_dim = kernel_head_dim(q.shape[3])  # the kernels' width: D, or D's columns and zeros
     qk_scale = softmax_scale * LOG2E
     group = heads_q // heads_kv
 
@@ -314,7 +333,7 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
         and d256 q and dO move 64-row tiles in both, at d64 k and v: 9 descriptors instead of 11)."""
         key = (id(t), rows)
         if key not in built:
-            built[key] = _tile_descriptor(t, rows)
+            built[key] = _tile_descriptor(t, rows, head_dim)
         return built[key]
 
     num_n_blocks = triton.cdiv(seqlen_k, block_n)
