@@ -317,7 +317,6 @@ def test_gpu_gluon_forward_leaves_what_it_does_not_cover_to_triton(gluon_calls):
     q, k, v = (torch.randn(1, 300, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     for options in (dict(softcap=20.0), dict(window_size=(64, 0)), dict(causal=True, dropout_p=0.1)):
         flashtile.attention(q, k, v, **options)
-    flashtile.attention(q[..., :96], k[..., :96], v[..., :96])  # head dim 96: not a kernel of it
     flashtile.attention(q.float(), k.float(), v.float())
     assert gluon_calls == []
     flashtile.attention(q, k, v, causal=True)
