@@ -18,6 +18,9 @@
 #                                        # backward grid (tests/test_gluon.py -k backward); ~300 s
 #   bash benchmarks/gpu_final.sh triton39   # the Gluon GPU tests and the five-product probe (TMA-reduction
 #                                        # variant included) under Triton 3.9 carried by tools/triton_parts.sh
+#   bash benchmarks/gpu_final.sh fused39    # the five-product backward under Triton 3.9 (carried as for triton39):
+#                                        # its GPU tests and the seven-product ones, probes/fused_bwd.py, then
+#                                        # flashtile bench d128 beside cuDNN and FA2; ~400 s
 #   bash benchmarks/gpu_final.sh fwd-ab     # a Gluon forward branch's gate (fwd-ffma): forward GPU tests, then the
 #                                        # forward sweep on this tree and on OLD_SRC (main's src/); ~250 s
 #   bash benchmarks/gpu_final.sh d256-bwd   # branch wide-pipe's gate: the d256 backward GPU tests, then its sweep
@@ -195,6 +198,22 @@ case ${1:-tests} in
       > "$OUT/tests-padded.log" 2>&1
     step timeout 150 python3 benchmarks/probes/padded_head_dims.py > "$OUT/padded.log" 2>&1
     tail -2 "$OUT/tests-padded.log"; grep -v "Warn" "$OUT/padded.log"; cat "$OUT/times.txt" ;;
+  fused39)
+    # gluon_bwd_fused.py needs Triton 3.8+ (TMA reductions); the image has 3.6, so 3.9 comes in
+    # parts (tools/triton_parts.sh). Flex is left out of the bench: torch.compile is not
+    # expected to work with a Triton newer than torch's own.
+    version=${TRITON_VERSION:-3.9.0}
+    bash tools/triton_parts.sh unpack "$version" > "$OUT/triton-unpack.log" 2>&1 || { cat "$OUT/triton-unpack.log"; exit 1; }
+    export TRITON_BACKENDS_IN_TREE=1 PYTHONPATH=$PWD/.triton-parts/$version/site:$PWD/src
+    python3 -c "import triton; print('triton', triton.__version__)" >> "$OUT/gpu.txt"
+    OMP_NUM_THREADS=2 PYTHONPATH=$PYTHONPATH:$PWD timeout "${TEST_LIMIT:-170}" python3 -m pytest -q -p no:cacheprovider \
+      -p no:benchmark -n "${WORKERS:-12}" --timeout=150 tests/test_gluon.py -m gpu \
+      -k "fused or deterministic or backward or same_bits or replay or by_default" > "$OUT/tests-fused.log" 2>&1
+    step timeout 150 python3 benchmarks/probes/fused_bwd.py --api > "$OUT/fused-probe.log" 2>&1
+    step env timeout 90 python3 -m flashtile bench --headdims 128 --seqlens 1k 4k 16k --modes bwd \
+      --providers flashtile sdpa-cudnn sdpa-flash --json "$OUT/bench-fused.json" > "$OUT/bench-fused.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-fused.log"; grep -v "Warn\|leaked\|nanobind\|skipped remainder" "$OUT/fused-probe.log"
+    grep -A14 "bwd: TFLOP" "$OUT/bench-fused.log"; cat "$OUT/times.txt" ;;
   gluon-all)
     # ~220 tests; session 9 ran the forward's part in 175 s and the backward's in 41 s on 8 workers.
     OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider \

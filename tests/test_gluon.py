@@ -51,11 +51,27 @@ def gluon_calls(monkeypatch):
 
 @pytest.fixture
 def gluon_backward_calls(monkeypatch):
-    """FLASHTILE_GLUON_BWD=1 (the forward on Triton), and the q shapes the Gluon backward ran on."""
+    """FLASHTILE_GLUON_BWD=1 (the forward on Triton) with the seven-product kernels, and the q
+    shapes the Gluon backward ran on."""
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "0")
     monkeypatch.setenv("FLASHTILE_GLUON", "0")
     monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
     return _count_calls(monkeypatch, "backward")
+
+
+HAS_TMA_REDUCE = hopper._gluon() is not None and hopper._gluon_common().HAS_TMA_REDUCE
+
+
+@pytest.fixture
+def fused_backward_calls(monkeypatch):
+    """FLASHTILE_GLUON_BWD=1 and FLASHTILE_GLUON_BWD_FUSED=1 (the forward on Triton), and the q
+    shapes the five-product backward (gluon_bwd_fused.py) ran on."""
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
+    monkeypatch.setenv("FLASHTILE_GLUON", "0")
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    return _count_calls(monkeypatch, "_fused_backward")
 
 
 def test_the_gluon_switches_read_auto_1_or_0_and_the_usual_words_and_reject_anything_else(monkeypatch):
@@ -209,6 +225,7 @@ def test_the_gluon_backward_hands_each_kernel_descriptors_of_its_own_tiles(monke
     # takes gluon_bwd_wide's dK/dV kernel, whose K/V tiles are whole BLOCK_N rows; head dims
     # between run the next kernel's width (40 -> 64, 96 -> 128, 192 -> 256) over zero columns.
     _, _, _, gluon_bwd, gluon_bwd_wide = hopper._gluon()
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "0")  # the seven-product kernels (the fused one: below)
     launches = []
     for module, name in ((gluon_bwd, "_dkdv_kernel"), (gluon_bwd_wide, "_dkdv_wide_kernel"),
                          (gluon_bwd, "_dq_kernel")):
@@ -243,6 +260,75 @@ def test_the_gluon_backward_hands_each_kernel_descriptors_of_its_own_tiles(monke
     assert k_tile.block_shape == v_tile.block_shape == [1, 1, dq_n, width]
     assert grid_q == (triton.cdiv(seqlen_q, dq_m) * batch * heads_q,)
     assert s_pad % m == 0 and s_pad % dq_m == 0
+
+
+@pytest.mark.skipif(not HAS_TMA_REDUCE, reason="this Triton's Gluon has no TMA reductions (3.8+)")
+@pytest.mark.parametrize("head_dim", [64, 128, 40, 96])
+def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(monkeypatch, head_dim):
+    # The host side of gluon_bwd_fused.py's backward, kernels stubbed: Q-side and key tiles as
+    # its constexprs say, the float32 dQ sum zeroed, (B·Hq·S_pad, width) with boxes of half the
+    # width, and the conversion reading it back into dq.
+    gluon_bwd_fused = hopper._fused_module()
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
+    launches = []
+    for name in ("_dkdv_dq_kernel", "_dq_convert"):
+        monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name))
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k = 2, 6, 2, 300, 333
+    q, dout, dq = (torch.randn(batch, heads_q, seqlen_q, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    k, v, dk, dv = (torch.randn(batch, heads_kv, seqlen_k, head_dim, dtype=torch.bfloat16) for _ in range(4))
+    s_pad = 384
+    lse2, delta = (torch.zeros(batch * heads_q, s_pad) for _ in range(2))
+    hopper.backward(q, k, v, dout, lse2, delta, head_dim ** -0.5, True, dq, dk, dv)
+
+    width = hopper.kernel_head_dim(head_dim)
+    assert [name for name, *_ in launches] == ["_dkdv_dq_kernel", "_dq_convert"]
+    (_, grid, args, const), (_, grid_convert, args_convert, const_convert) = launches
+    assert const["HEAD_DIM"] == const_convert["HEAD_DIM"] == width and const["CAUSAL"]
+    m, n = const["BLOCK_M"], const["BLOCK_N"]
+    q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, sum_desc = args[:9]
+    assert [d.base for d in (q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc)] == [q, dout, k, v, dk, dv]
+    assert q_desc.block_shape == do_desc.block_shape == [1, 1, m, width]
+    for d in (k_desc, v_desc, dk_desc, dv_desc):
+        assert d.block_shape == [1, 1, n // 2, width]
+    assert lse_desc.base is lse2 and delta_desc.base is delta and lse_desc.block_shape == [1, m]
+    dq_sum = sum_desc.base
+    assert dq_sum.shape == (batch * heads_q * s_pad, width) and dq_sum.dtype == torch.float32
+    assert not dq_sum.any() and sum_desc.block_shape == [m, width // 2]
+    assert grid == (triton.cdiv(seqlen_k, n) * batch * heads_kv,)
+    assert args_convert[0] is dq_sum and args_convert[1] is dq and args_convert[7] == head_dim
+    assert grid_convert == (triton.cdiv(seqlen_q, const_convert["BLOCK"]), batch * heads_q)
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_same_bits(monkeypatch):
+    q = torch.empty(1, 16, 16384, 128, dtype=torch.bfloat16)
+
+    def takes(head_dim=128, seqlen_k=16384, causal=False, deterministic=False):
+        return hopper._takes_fused(q, head_dim, seqlen_k, causal, 16384, deterministic)
+
+    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
+    monkeypatch.delenv("FLASHTILE_GLUON_BWD_FUSED", raising=False)
+    assert takes() and takes(seqlen_k=1024) and takes(causal=True) and not takes(seqlen_k=4096, causal=True)
+    assert not takes(head_dim=64) and not takes(head_dim=256)  # d64 not yet timed; no d256 kernel
+    assert not takes(deterministic=True)
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not takes()
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    assert takes()
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
+    assert takes(head_dim=64) and takes(seqlen_k=1024, causal=True) and not takes(deterministic=True)
+    assert not takes(head_dim=256)
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "0")
+    assert not takes()
+    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", False)  # Triton 3.6 or 3.7
+    monkeypatch.delenv("FLASHTILE_GLUON_BWD_FUSED")
+    assert not takes()
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
+    with pytest.raises(RuntimeError, match=r"FLASHTILE_GLUON_BWD_FUSED=1: .*Triton 3\.8"):
+        takes()
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
@@ -440,3 +526,71 @@ def test_gpu_gluon_backward_gives_the_same_bits_every_time(gluon_backward_calls,
         for name, a, b in zip(("dq", "dk", "dv"), first, again):
             assert torch.equal(a, b), name
     assert len(gluon_backward_calls) == 11
+
+
+# The five-product backward (gluon_bwd_fused.py, Triton 3.8+): every head dim it covers, both
+# dtypes, the GRID's lengths and GQA ratios; padded head dims (40, 96) on the next width.
+FUSED_GRID = [case for case in GRID if case[1] in (64, 128, 40, 96)]
+NEEDS_FUSED = pytest.mark.skipif(not (ON_HOPPER and HAS_TMA_REDUCE),
+                                 reason="the five-product backward needs sm_90 and Triton 3.8+ (TMA reductions)")
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@NEEDS_FUSED
+@pytest.mark.parametrize("dtype,headdim,seqlens,causal", FUSED_GRID, ids=[_case_id(case) for case in FUSED_GRID])
+def test_gpu_fused_backward_grid(fused_backward_calls, dtype, headdim, seqlens, causal):
+    sq, sk = seqlens
+    index = FUSED_GRID.index((dtype, headdim, seqlens, causal))
+    heads_q, heads_kv = [(8, 2), (4, 4), (8, 1)][index % 3]
+    layout = ["bhsd", "bshd"][(index // 3) % 2]
+    check_case(2 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q, heads_kv, headdim, dtype, causal=causal,
+               layout=layout, bhsd_as_view=index % 4 >= 2)
+    assert fused_backward_calls, "the call did not take the five-product backward"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@NEEDS_FUSED
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_fused_backward_with_an_lse_gradient_and_groups_of_three(fused_backward_calls, causal, head_dim):
+    q = torch.randn(2, 300, 6, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(2, 417, 2, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2))
+    weights = torch.randn(2, 6, 300, device="cuda")
+    dout = torch.randn(2, 300, 6, head_dim, device="cuda", dtype=torch.bfloat16)
+
+    def gradients(attention, **options):
+        out, lse = attention(q, k, v, causal=causal, return_lse=True, **options)
+        loss = (lse * weights.to(lse.dtype)).sum() + (out * dout.to(out.dtype)).sum()
+        return torch.autograd.grad(loss, (q, k, v))
+
+    grads = gradients(flashtile.attention)
+    assert fused_backward_calls == [(2, 6, 300, head_dim)]
+    expected = gradients(flashtile.naive_attention, upcast=True)
+    plain = gradients(flashtile.naive_attention, upcast=False)
+    for name, g, e, p in zip(("dq", "dk", "dv"), grads, expected, plain):
+        assert_close_to_oracle(name, g, e, p, grad=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@NEEDS_FUSED
+def test_gpu_a_deterministic_call_keeps_to_the_seven_product_kernels(fused_backward_calls):
+    # deterministic=True (flashtile.attention and flash_attn_func alike) must give the same bits
+    # on every call even where the fused backward is forced on; without it the fused one runs.
+    q = torch.randn(2, 1500, 6, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(2, 1700, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    dout = torch.randn(2, 1500, 6, 128, device="cuda", dtype=torch.bfloat16)
+    for face in (flashtile.attention, flashtile.flash_attn_func):
+        out = face(q, k, v, causal=True, deterministic=True)
+        first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        for _ in range(5):
+            again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            for name, a, b in zip(("dq", "dk", "dv"), first, again):
+                assert torch.equal(a, b), name
+    assert fused_backward_calls == []
+    out = flashtile.attention(q, k, v, causal=True)
+    torch.autograd.grad(out, (q, k, v), dout)
+    assert fused_backward_calls == [(2, 6, 1500, 128)]

@@ -111,9 +111,13 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
     stats_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
     stats = f"tensordesc<fp32[1,{constexprs['BLOCK_M']}],{stats_layout!r}>".replace(" ", "")
     params = list(inspect.signature(kernel.fn).parameters)
+    # The fused backward's float32 dQ sum: (BLOCK_M, D / 2) boxes.
+    sum_box = [constexprs["BLOCK_M"], constexprs["HEAD_DIM"] // 2]
+    dq_sum = f"tensordesc<fp32{sum_box},{gl.NVMMASharedLayout.get_default_for(sum_box, gl.float32)!r}>"
     typed = {**{name: descriptor(q_rows) for name in ("q_desc", "o_desc", "do_desc", "dq_desc")},
              **{name: descriptor(kv_rows) for name in ("k_desc", "v_desc", "dk_desc", "dv_desc")},
-             "lse_desc": stats, "delta_desc": stats, "LSE": "*fp32", "LSE2": "*fp32", "Delta": "*fp32",
+             "dq_acc_desc": dq_sum.replace(" ", ""), "lse_desc": stats, "delta_desc": stats,
+             "LSE": "*fp32", "LSE2": "*fp32", "Delta": "*fp32",
              "qk_scale": "fp32", "softmax_scale": "fp32"}
     signature = {p: "constexpr" if p in constexprs else typed.get(p, "i32") for p in params}
     # Pointers and the padded row stride (a multiple of 128) are 16-aligned at a launch.
@@ -161,6 +165,16 @@ def gluon_variants(quick: bool):
         yield (f"gluon dq d=256 {mode} {dtype} s{dq_stages}", gluon_bwd._dq_kernel,
                dict(HEAD_DIM=256, BLOCK_M=dq_m, BLOCK_N=dq_n, NUM_STAGES=dq_stages, CAUSAL=causal, DTYPE=dtype,
                     Q_ROWS=dq_m // 2, KV_ROWS=dq_n, **regs), 4)
+    if not hopper._gluon_common().HAS_TMA_REDUCE:  # the five-product backward needs Triton 3.8+
+        print(f"skip gluon fused backward: triton {triton.__version__}'s Gluon has no TMA reductions")
+        return
+    for d, causal, dtype in [(128, True, "bf16")] if quick else [(128, True, "bf16"), (128, False, "fp16"),
+                                                                    (64, True, "bf16"), (64, False, "bf16")]:
+        m, n, stages = hopper.BWD_FUSED[d]
+        yield (f"gluon fused dkdv+dq d={d} {'causal' if causal else 'full'} {dtype} s{stages}",
+               hopper._fused_module()._dkdv_dq_kernel,
+               dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, DTYPE=dtype, Q_ROWS=m,
+                    KV_ROWS=n // 2, **regs), 4)
 
 
 # The attention kernels' option flags with every option off (tile sizes and head dims apart).

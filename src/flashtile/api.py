@@ -42,6 +42,7 @@ def attention(
     mask_mod=None,
     block_mask=None,
     score_mod=None,
+    deterministic: bool = False,
 ):
     """Exact attention, computed tile by tile without an N×N matrix.
 
@@ -82,6 +83,11 @@ def attention(
             after softcap and ALiBi, before the bias and the masks (see
             :mod:`flashtile.score_mods`); compiled into the kernels. A backward through
             the kernels needs its derivative: ``flashtile.score_mod(fn, grad=...)``.
+        deterministic: make the backward give the same bits on every call. Only the fused
+            Hopper backward (sm_90 with Triton 3.8 or newer: dQ added by TMA reductions in
+            the order the tiles finish, as in FlashAttention-2 and 3) can differ in the last
+            bits; with True, or under ``torch.use_deterministic_algorithms(True)``, the
+            backward keeps to kernels whose every output has one writer.
 
     Returns:
         out in q's layout and dtype; ``(out, lse)`` when ``return_lse``.
@@ -90,6 +96,8 @@ def attention(
     ``torch.backends.cuda.matmul.allow_tf32`` is True, as in PyTorch.
     """
     batch, _, _, heads_q, _, headdim = check_qkv(q, k, v, layout)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__} {deterministic!r}")
     softmax_scale = check_options(
         headdim=headdim, batch=batch, heads_q=heads_q, device=q.device, softmax_scale=softmax_scale,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
@@ -117,7 +125,7 @@ def attention(
     out, lse = ops.attention(
         q, k, v, layout, softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
         bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed, None, None, 0, 0, mask_key,
-        score_key,
+        score_key, deterministic,
     )
     return (out, lse) if return_lse else out
 
@@ -183,14 +191,13 @@ def flash_attn_func(
 ):
     """flash-attn 2.x ``flash_attn_func``: q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D).
 
-    ``deterministic`` is accepted for compatibility: flashtile's backward is always
-    deterministic (no atomics). With ``return_attn_probs=True`` the result is
-    ``(out, softmax_lse, None)``: the probabilities are never materialised.
+    ``deterministic`` as in flash-attn: True keeps the backward to kernels that give the same
+    bits on every call (``attention``'s argument). With ``return_attn_probs=True`` the result
+    is ``(out, softmax_lse, None)``: the probabilities are never materialised.
     """
-    del deterministic  # always deterministic
     out, lse = attention(
         q, k, v, causal=causal, window_size=window_size, softmax_scale=softmax_scale, softcap=softcap,
-        alibi_slopes=alibi_slopes, dropout_p=dropout_p, return_lse=True,
+        alibi_slopes=alibi_slopes, dropout_p=dropout_p, return_lse=True, deterministic=bool(deterministic),
     )
     return (out, lse, None) if return_attn_probs else out
 

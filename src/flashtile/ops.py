@@ -179,10 +179,13 @@ def _attention_backward(
     mask_key: Optional[str] = None,
     score_key: Optional[str] = None,
     bias_requires_grad: bool = False,
+    deterministic: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of q, k, v and the bias (an empty tensor unless ``bias_requires_grad``).
 
-    ``dlse`` (may be None) is the gradient flowing into the LSE.
+    ``dlse`` (may be None) is the gradient flowing into the LSE. ``deterministic``: the same
+    bits on every call (only the fused Hopper backward, which adds dQ in no fixed order, can
+    differ; it is skipped then, as under ``torch.use_deterministic_algorithms(True)``).
     """
     band = Band(window_left, window_right)
     block_mask, score_mod = _named(mask_key, score_key)
@@ -196,7 +199,7 @@ def _attention_backward(
         dbias = attention_backward_triton(
             *views[:5], lse, dlse, softmax_scale, band, softcap, alibi_slopes, allow_tf32, *views[5:], bias=bias,
             dropout_p=dropout_p, dropout_seed=dropout_seed, bias_requires_grad=bias_requires_grad, varlen=varlen,
-            block_mask=block_mask, score_mod=score_mod)
+            block_mask=block_mask, score_mod=score_mod, deterministic=deterministic)
     elif layout == "thd":
         dout_, q_, k_, v_, out_, dq_, dk_, dv_ = views
         varlen_backward(dout_, q_, k_, v_, out_, lse, dlse, dq_, dk_, dv_, cu_seqlens_q, cu_seqlens_k, softmax_scale,
@@ -219,7 +222,7 @@ def _attention_backward(
 def _attention_backward_fake(dout, dlse, q, k, v, out, lse, layout, softmax_scale, window_left, window_right, softcap,
                              alibi_slopes, backend, allow_tf32, bias, dropout_p, dropout_seed, cu_seqlens_q,
                              cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask_key=None, score_key=None,
-                             bias_requires_grad=False):
+                             bias_requires_grad=False, deterministic=False):
     dbias = torch.empty(bias.shape, dtype=bias.dtype, device=q.device) if bias_requires_grad else q.new_empty(0)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
@@ -245,7 +248,8 @@ class _AttentionFunction(torch.autograd.Function):
     # forward(ctx, ...) rather than a separate setup_context: with one, Function.apply
     # binds the arguments through inspect.signature on every call (~30 µs, torch 2.13).
     @staticmethod
-    def forward(ctx, *inputs):
+    def forward(ctx, *args):
+        *inputs, ctx.deterministic = args  # attention_forward's inputs, then the backward's option
         out, lse = attention_forward(*inputs)
         q, k, v, *options = inputs
         bias = inputs[_BIAS_INPUT]
@@ -268,9 +272,11 @@ class _AttentionFunction(torch.autograd.Function):
             dout = torch.zeros_like(out)
         options = list(ctx.options)
         options[_BIAS_INPUT - 3] = bias
-        dq, dk, dv, dbias = attention_backward(dout, dlse, q, k, v, out, lse, *options, ctx.bias_requires_grad)
-        # Only q, k, v and the bias are differentiable; every other input is an option.
-        grads = [dq, dk, dv] + [None] * len(options)
+        dq, dk, dv, dbias = attention_backward(dout, dlse, q, k, v, out, lse, *options, ctx.bias_requires_grad,
+                                               ctx.deterministic)
+        # Only q, k, v and the bias are differentiable; every other input is an option (and the
+        # last argument, deterministic).
+        grads = [dq, dk, dv] + [None] * (len(options) + 1)
         grads[_BIAS_INPUT] = dbias if ctx.bias_requires_grad else None
         return tuple(grads)
 
@@ -279,15 +285,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, layout: str, softmax_scale: float
               window_right: Optional[int], softcap: float, alibi_slopes: Optional[Tensor], backend: str,
               allow_tf32: bool, bias: Optional[Tensor], dropout_p: float, dropout_seed: Optional[Tensor],
               cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-              mask_key: Optional[str] = None, score_key: Optional[str] = None) -> tuple[Tensor, Tensor]:
+              mask_key: Optional[str] = None, score_key: Optional[str] = None,
+              deterministic: bool = False) -> tuple[Tensor, Tensor]:
     """``attention_forward`` (same arguments and outputs) with its gradient: the entry of every face.
 
     Without a tensor that needs a gradient the op is called directly (an
-    autograd.Function costs host time even when it records nothing).
+    autograd.Function costs host time even when it records nothing). ``deterministic``: the
+    backward gives the same bits on every call (attention_backward's argument).
     """
     inputs = (q, k, v, layout, softmax_scale, window_left, window_right, softcap, alibi_slopes, backend, allow_tf32,
               bias, dropout_p, dropout_seed, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask_key,
               score_key)
     if needs_grad(q, k, v, bias):
-        return _AttentionFunction.apply(*inputs)
+        return _AttentionFunction.apply(*inputs, deterministic)
     return attention_forward(*inputs)

@@ -32,10 +32,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import accumulator_layout, key_tile_of_program, stream_q_tiles, tma_load, tma_store
-
-# Triton 3.6 calls the barrier of a partition's threads thread_barrier, 3.9 barrier.
-partition_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+from .gluon_common import (accumulator_layout, key_tile_of_program, partition_barrier, stream_q_tiles, tma_load,
+                           tma_store)
 
 
 @gluon.jit

@@ -1,6 +1,7 @@
-"""What the Gluon kernels (gluon_fwd.py, gluon_bwd.py, gluon_bwd_wide.py) share: TMA copy names
-across Triton versions, the register layout of a wgmma accumulator, the Q or key tile a program
-owns, and the loaders' rings (K/V tiles for the forward and dQ, Q-side tiles for dK/dV)."""
+"""What the Gluon kernels (gluon_fwd.py, gluon_bwd.py, gluon_bwd_wide.py, gluon_bwd_fused.py)
+share: TMA copy names and the partition barrier across Triton versions, the register layout of a
+wgmma accumulator, the Q or key tile a program owns, and the loaders' rings (K/V tiles for the
+forward and dQ, Q-side tiles for dK/dV)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ if hasattr(tma, "async_load"):
 else:
     tma_load = tma.async_copy_global_to_shared
     tma_store = tma.async_copy_shared_to_global
+
+# Triton 3.6 calls the barrier of a partition's threads thread_barrier, 3.9 barrier.
+partition_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+# TMA bulk reductions into global memory (cp.reduce.async.bulk.tensor): Gluon has them from
+# Triton 3.8 on; gluon_bwd_fused.py adds dQ with them.
+HAS_TMA_REDUCE = hasattr(tma, "async_atomic_add")
 
 
 @gluon.constexpr_function

@@ -11,6 +11,13 @@ kernels. ``FLASHTILE_GLUON`` (forward) and ``FLASHTILE_GLUON_BWD`` (backward) ch
 - ``1``: Gluon for every call it covers (the tests use this to reach every shape);
 - ``0``: never.
 
+Where Triton's Gluon has TMA reductions (3.8 and newer), the backward at head dims 64 and 128
+can run gluon_bwd_fused.py's one kernel of five products per tile pair, dQ added in float32 in
+the order the CTAs reach it, instead of gluon_bwd.py's two kernels of seven, every output with
+one writer. ``FLASHTILE_GLUON_BWD_FUSED`` chooses among the Gluon backwards the same way (auto,
+1, 0); a call that asks for a deterministic backward (``deterministic=True``, or
+``torch.use_deterministic_algorithms(True)``) always gets the seven-product kernels.
+
 Under ``auto`` a Gluon kernel that fails to build here (a Triton whose Gluon changed, a
 ptxas error) sends its calls back to the Triton kernels, with one warning naming the error;
 under ``1`` the error is raised.
@@ -57,10 +64,10 @@ def _switch(backward: bool) -> str:
     return "FLASHTILE_GLUON_BWD" if backward else "FLASHTILE_GLUON"
 
 
-def setting(backward: bool = False) -> str:
-    """``FLASHTILE_GLUON`` (forward) or ``FLASHTILE_GLUON_BWD`` (backward): auto, 1 or 0
-    (true/on/yes and false/off/no are read as 1 and 0)."""
-    name = _switch(backward)
+def setting(backward: bool = False, name: str | None = None) -> str:
+    """``FLASHTILE_GLUON`` (forward), ``FLASHTILE_GLUON_BWD`` (backward) or the switch ``name``:
+    auto, 1 or 0 (true/on/yes and false/off/no are read as 1 and 0)."""
+    name = name or _switch(backward)
     value = os.environ.get(name, "auto").strip().lower() or "auto"
     value = _WORDS.get(value, value)
     if value not in SETTINGS:
@@ -114,6 +121,22 @@ def _gluon():
     except (ImportError, AttributeError):  # absent, or an older Gluon without these names
         return None
     return gluon_fwd, gl, TensorDescriptor, gluon_bwd, gluon_bwd_wide
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_module():
+    """gluon_bwd_fused.py, imported on its first use (it needs only what _gluon() checked)."""
+    from . import gluon_bwd_fused
+
+    return gluon_bwd_fused
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_common():
+    """gluon_common.py (HAS_TMA_REDUCE: whether this Triton's Gluon has TMA reductions)."""
+    from . import gluon_common
+
+    return gluon_common
 
 
 @functools.lru_cache(maxsize=None)
@@ -221,6 +244,14 @@ def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
 
 
 @functools.lru_cache(maxsize=None)
+def _sum_layout(box: tuple):
+    """The shared-memory layout of the five-product backward's float32 dQ boxes (its staging
+    buffer's and the TMA reduction's)."""
+    gl = _gluon()[1]
+    return gl.NVMMASharedLayout.get_default_for(list(box), gl.float32)
+
+
+@functools.lru_cache(maxsize=None)
 def _stats_layout():
     """The unswizzled shared-memory layout of the backward's (1, rows) LSE and D boxes."""
     gl = _gluon()[1]
@@ -307,25 +338,52 @@ BWD_DQ = {128: (128, 128, 2), 64: (128, 64, 3), 256: (128, 32, 2)}
 WIDE_P_BUFFERS = 2
 STATS_ROWS = 128  # LSE and D rows padded to a multiple of both kernels' BLOCK_M (dQ 128, dK/dV 64 or 128)
 
+# The five-product backward (gluon_bwd_fused.py), (BLOCK_M, BLOCK_N, stages): the probe's tiles
+# (benchmarks/probes/gluon_bwd_atomic; session 12 ran it on the H200 under Triton 3.9). Its dQ
+# sum is (B·Hq·S_pad, D) float32 rows that TMA addresses with 32-bit coordinates.
+BWD_FUSED = {128: (64, 128, 2), 64: (64, 128, 2)}
+FUSED_SWITCH = "FLASHTILE_GLUON_BWD_FUSED"
+_TMA_ROWS = 2 ** 31
+_FUSED_FAILED: set = set()  # (head dim, dtype, causal) whose fused kernel failed to build here
 
-def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq, dk, dv) -> None:
+
+def fused_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
+    """Where the five-product backward beat the seven-product one on the H200 (triton 3.9, bf16,
+    16k tokens, CUDA graphs of the kernels; docs/performance.md, session 12): d128 non-causal
+    428 / 530 / 541 TFLOP/s at 1k / 4k / 16k against 406 / 462 / 471; causal 308 / 448 / 510
+    against 328 / 448 / 476, so causal only from 8k keys. d64 not yet timed: never under auto."""
+    return head_dim == 128 and (not causal or seqlen_k >= 8192)
+
+
+def _takes_fused(q: torch.Tensor, head_dim: int, seqlen_k: int, causal: bool, s_pad: int,
+                 deterministic: bool) -> bool:
+    """Whether this backward runs gluon_bwd_fused.py (``FLASHTILE_GLUON_BWD_FUSED``: auto, 1, 0).
+    Never when the call asks for a deterministic backward; under 1, a Triton without TMA
+    reductions is an error rather than a silent fallback."""
+    choice = setting(name=FUSED_SWITCH)
+    if choice == "0" or deterministic or torch.are_deterministic_algorithms_enabled():
+        return False
+    if head_dim not in BWD_FUSED or q.shape[0] * q.shape[1] * s_pad >= _TMA_ROWS:
+        return False
+    if not _gluon_common().HAS_TMA_REDUCE:
+        if choice == "1":
+            raise RuntimeError(f"{FUSED_SWITCH}=1: the five-product backward adds dQ by TMA reductions, which "
+                               f"Gluon has from Triton 3.8 on; this is triton {triton.__version__}")
+        return False
+    if choice == "auto":
+        return fused_measured_faster(head_dim, seqlen_k, causal) and (head_dim, q.dtype, causal) not in _FUSED_FAILED
+    return True
+
+
+def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq, dk, dv,
+             deterministic: bool = False) -> None:
     """Write dq (B, Hq, Sq, D) and dk, dv (B, Hkv, Sk, D). ``lse2`` and ``delta`` (B·Hq, S_pad),
     float32, S_pad a multiple of STATS_ROWS: LSE·log2(e) and rowsum(dO ∘ O) less any LSE
     gradient, padding rows (and rows that saw no key) +inf and 0, so their P is exactly 0 and
     no tile needs a row mask (launch.py's gluon_backward_stats writes them). D of any size up to
-    256 runs the kernels of kernel_head_dim(D)."""
-    gluon_bwd, gluon_bwd_wide = _gluon()[3:]
-    batch, heads_q, seqlen_q, _ = q.shape
-    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    256 runs the kernels of kernel_head_dim(D). ``deterministic``: the same bits on every call
+    (the seven-product kernels; the five-product one adds dQ in no fixed order)."""
     head_dim = kernel_head_dim(q.shape[3])  # the kernels' width: D, or D's columns and zeros
-    qk_scale = softmax_scale * LOG2E
-    group = heads_q // heads_kv
-
-    block_m, block_n, stages = BWD_DKDV[head_dim]
-
-    def stats(buffer, rows):
-        return _descriptor(buffer, (1, rows), _stats_layout())
-
     built = {}
 
     def tile(t, rows):
@@ -336,6 +394,71 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
             built[key] = _tile_descriptor(t, rows, head_dim)
         return built[key]
 
+    if _takes_fused(q, head_dim, k.shape[2], causal, lse2.shape[1], deterministic):
+        try:
+            return _fused_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile)
+        except Exception as error:  # a kernel that cannot be built here: the seven-product one instead
+            if not _fused_falls_back(error, head_dim, q.dtype, causal):
+                raise
+    _seven_product_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile)
+
+
+def _stats(buffer, rows):
+    """A descriptor of an lse2 or Delta buffer (B·Hq, S_pad) whose copies move (1, rows) boxes."""
+    return _descriptor(buffer, (1, rows), _stats_layout())
+
+
+def _fused_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile) -> None:
+    """gluon_bwd_fused.py's kernel (dK, dV and a float32 dQ sum), then its conversion into dq."""
+    gluon_bwd_fused = _fused_module()
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    s_pad = lse2.shape[1]
+    block_m, block_n, stages = BWD_FUSED[head_dim]
+    dq_acc = torch.zeros(batch * heads_q * s_pad, head_dim, dtype=torch.float32, device=q.device)
+    box = (block_m, head_dim // 2)
+    dq_acc_desc = _descriptor(dq_acc, box, _sum_layout(box))
+    num_n_blocks = triton.cdiv(seqlen_k, block_n)
+    gluon_bwd_fused._dkdv_dq_kernel[(num_n_blocks * batch * heads_kv,)](
+        tile(q, block_m), tile(dout, block_m), tile(k, block_n // 2), tile(v, block_n // 2), tile(dk, block_n // 2),
+        tile(dv, block_n // 2), _stats(lse2, block_m), _stats(delta, block_m), dq_acc_desc,
+        heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, s_pad,
+        softmax_scale * LOG2E, softmax_scale,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
+        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
+    )
+    rows = 64
+    gluon_bwd_fused._dq_convert[(triton.cdiv(seqlen_q, rows), batch * heads_q)](
+        dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), heads_q, seqlen_q, dq.shape[3], s_pad, softmax_scale,
+        HEAD_DIM=head_dim, BLOCK=rows,
+    )
+
+
+def _fused_falls_back(error: BaseException, head_dim: int, dtype: torch.dtype, causal: bool) -> bool:
+    """Whether a fused launch that raised ``error`` should run the seven-product kernels: under
+    auto, when the kernel could not be built (as falls_back, for this kernel alone)."""
+    build_error = isinstance(error, BUILD_ERRORS) or (type(error) is RuntimeError and _PASS_FAILURE in str(error))
+    if setting(name=FUSED_SWITCH) != "auto" or not build_error:
+        return False
+    key = (head_dim, dtype, causal)
+    if key not in _FUSED_FAILED:
+        _FUSED_FAILED.add(key)
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        warnings.warn(f"flashtile: the five-product Gluon backward (head dim {head_dim}, {str(dtype)[6:]}, "
+                      f"causal={causal}) failed to build with triton {triton.__version__} ({type(error).__name__}: "
+                      f"{reason}); these calls run the seven-product kernels from now on. {FUSED_SWITCH}=0 skips it, "
+                      f"{FUSED_SWITCH}=1 makes this an error.", RuntimeWarning, stacklevel=5)
+    return True
+
+
+def _seven_product_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile) -> None:
+    """gluon_bwd.py's dK/dV kernel (gluon_bwd_wide.py's at d256), then its dQ kernel."""
+    gluon_bwd, gluon_bwd_wide = _gluon()[3:]
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    qk_scale = softmax_scale * LOG2E
+    group = heads_q // heads_kv
+    block_m, block_n, stages = BWD_DKDV[head_dim]
     num_n_blocks = triton.cdiv(seqlen_k, block_n)
     if head_dim > 128:  # a CTA's keys shared by both warpgroups, one gradient each
         dkdv_kernel, kv_rows, wide = gluon_bwd_wide._dkdv_wide_kernel, block_n, dict(P_BUFFERS=WIDE_P_BUFFERS)
@@ -344,7 +467,7 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
     dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
         tile(q, block_m), tile(dout, block_m), tile(k, kv_rows), tile(v, kv_rows), tile(dk, kv_rows),
         tile(dv, kv_rows),
-        stats(lse2, block_m), stats(delta, block_m), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks,
+        _stats(lse2, block_m), _stats(delta, block_m), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks,
         qk_scale, softmax_scale,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, **wide,

@@ -272,10 +272,11 @@ def gluon_backward_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tenso
     return lse2, delta
 
 
-def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale: float, causal: bool, dq, dk, dv) -> None:
+def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale: float, causal: bool, dq, dk, dv,
+                    deterministic: bool = False) -> None:
     """The Hopper backward (kernels/hopper.py) after a preprocess that writes its padded rows."""
     lse2, delta = gluon_backward_stats(out, dout, lse, dlse)
-    hopper.backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv)
+    hopper.backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, deterministic=deterministic)
 
 
 def attention_backward_triton(
@@ -301,13 +302,16 @@ def attention_backward_triton(
     varlen: Varlen | None = None,
     block_mask=None,
     score_mod=None,
+    deterministic: bool = False,
 ) -> torch.Tensor | None:
     """Run the three backward kernels, writing dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D).
 
     Returns the bias gradient (the bias's shape, float32) when ``bias_requires_grad``:
     dS is written to a (B, Hq, Sq, Sk) scratch and summed over the bias's broadcast
     dims, the one place the backward holds an N×N buffer, and only on request.
-    For a packed batch, rows outside every sequence get zero gradients.
+    For a packed batch, rows outside every sequence get zero gradients. ``deterministic``:
+    keep to kernels whose every output has one writer (hopper.backward's argument; the
+    Triton kernels here always are).
     """
     heads_q, head_dim = q.shape[1], q.shape[3]
     heads_kv = k.shape[1]
@@ -321,7 +325,8 @@ def attention_backward_triton(
                        dropout_p=dropout_p, varlen=varlen, block_mask=block_mask, score_mod=score_mod,
                        backward=True, grads=(dout, dq, dk, dv)):
         try:
-            _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, band.right == 0, dq, dk, dv)
+            _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, band.right == 0, dq, dk, dv,
+                            deterministic=deterministic)
             return None
         except Exception as error:  # a kernel that cannot be built here: Triton's, under auto
             if not hopper.falls_back(error, q, backward=True, causal=band.right == 0):

@@ -1,0 +1,77 @@
+"""The five-product Gluon backward (gluon_bwd_fused.py) against the seven-product one, on an H100/H200
+with Triton 3.8+, to place kernels/hopper.py's fused_measured_faster rule.
+
+    python benchmarks/probes/fused_bwd.py [--headdims 128 64] [--seqlens 1024 2048 4096 8192 16384]
+
+Each cell (bf16, 16k tokens, H = 2048 / d) is timed three ways, TFLOP/s = 4·B·H·N²·d·2.5 (halved
+when causal): the kernels alone as a CUDA graph (preprocess + the backward's kernels) with
+FLASHTILE_GLUON_BWD_FUSED=0 and =1, then, where asked (--api), torch.autograd.grad through
+flashtile.attention with each (host path included). Before timing, one causal and one
+non-causal case of each head dim is checked against the float64 oracle with the fused kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+import flashtile
+from flashtile.kernels import hopper
+from flashtile.testing import assert_close_to_oracle
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gluon_sweep import time_config  # noqa: E402
+
+
+def check(head_dim: int, causal: bool) -> None:
+    """The fused backward's gradients against the float64 oracle (GQA 6:2, Sq 1000, Sk 1100)."""
+    q = torch.randn(1, 6, 1000, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(1, 2, 1100, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2))
+    dout = torch.randn_like(q)
+    grads = torch.autograd.grad(flashtile.attention(q, k, v, causal=causal, layout="bhsd"), (q, k, v), dout)
+    expected, plain = ([*torch.autograd.grad(flashtile.naive_attention(q, k, v, causal=causal, layout="bhsd",
+                                                                       upcast=upcast), (q, k, v), dout)]
+                       for upcast in (True, False))
+    for name, g, e, p in zip(("dq", "dk", "dv"), grads, expected, plain):
+        assert_close_to_oracle(name, g, e, p, grad=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--headdims", nargs="+", type=int, default=[128, 64])
+    parser.add_argument("--seqlens", nargs="+", type=int, default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--api", action="store_true", help="also time flashtile.attention's backward")
+    args = parser.parse_args()
+    os.environ["FLASHTILE_GLUON_BWD"] = "1"
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
+    if not hopper._gluon_common().HAS_TMA_REDUCE:
+        sys.exit("this Triton's Gluon has no TMA reductions (3.8+): no fused backward to time")
+    calls = []
+    fused = hopper._fused_backward
+    hopper._fused_backward = lambda *a, **kw: (calls.append(1), fused(*a, **kw))[1]
+    for head_dim in args.headdims:
+        os.environ["FLASHTILE_GLUON_BWD_FUSED"] = "1"
+        for causal in (False, True):
+            check(head_dim, causal)
+        assert calls, "the check did not take the fused backward"
+        print(f"d{head_dim}: fused gradients within the oracle's tolerance (causal and not)", flush=True)
+        ways = [("graph", False)] + ([("api", True)] if args.api else [])
+        for causal in (False, True):
+            for way, api in ways:
+                rows = {}
+                for switch in ("0", "1"):
+                    os.environ["FLASHTILE_GLUON_BWD_FUSED"] = switch
+                    rows[switch] = [time_config("bwd", head_dim, n, causal, api=api) for n in args.seqlens]
+                ratio = " ".join(f"{b / a:5.2f}" for a, b in zip(rows["0"], rows["1"]))
+                print(f"d{head_dim} {'causal' if causal else 'full  '} {way:5s} N={args.seqlens}\n"
+                      f"    seven {' '.join(f'{t:5.0f}' for t in rows['0'])}\n"
+                      f"    five  {' '.join(f'{t:5.0f}' for t in rows['1'])}\n"
+                      f"    ratio {ratio}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Hopper (sm_90) backward in Gluon with five products per tile pair: dQ summed by the dK/dV kernel.
+
+gluon_bwd.py's backward runs two kernels with seven products per (Q tile, key tile): dK/dV
+(Sᵀ, dPᵀ, dV, dK) and dQ (S, dP again, dQ). Both run near the matmul rate, so fewer products is
+the way further (FlashAttention-3's): one kernel computes dK and dV as gluon_bwd's does and
+also each Q tile's share of dQ from the same dS, adding it into a float32 sum by a TMA bulk
+reduction. Gluon has that reduction (``tma.async_atomic_add``) from Triton 3.8 on; with an older
+Triton, kernels/hopper.py keeps to the seven-product kernels.
+
+Per CTA (128 keys of one kv head): two consumer warpgroups of 64 keys each and one loader warp
+(gluon_bwd's ``_dkdv_loader``: K and V halves once, then (Q, lse2) and (dO, Delta) tiles of
+BLOCK_M rows through a ring, over every query head of the GQA group). Per streamed Q tile each
+warpgroup computes, as gluon_bwd's dK/dV consumer,
+
+    Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ = exp2(Sᵀ·qk_scale − lse2), dV += Pᵀ dO,
+    dSᵀ = Pᵀ ∘ (dPᵀ − Delta), dK += dSᵀ Q,
+
+and stores its dSᵀ (q's dtype) into its 64 rows of a shared (128 keys × BLOCK_M) buffer. The two
+meet at an mbarrier (count 2); then each computes half of the tile's dQ columns over all 128
+keys,
+
+    dQ[:, columns of half h] = dS · K[:, columns of half h]   (dS: the buffer read transposed),
+
+stages it in shared memory and adds it with one TMA reduction into a (B·Hq·S_pad, D) float32
+buffer. Splitting dQ by columns rather than by keys adds each element once per 128 keys and keeps
+the partial at 32 registers per thread beside dK's and dV's 128. The dS buffer is doubled: a
+warpgroup waits for its own dQ product before it arrives at the next tile's barrier, so once both
+have arrived at tile i + 1 neither reads tile i's buffer any more and tile i + 2 may overwrite it.
+Causal tiles a warpgroup skips (all its keys after the tile's last query) store zeros there, so
+the other warpgroup's dQ product reads a defined dS. ``_dq_convert`` (Triton) then writes
+dq = softmax_scale · sum in q's dtype.
+
+dQ is added in the order the CTAs reach it, so its last bits can differ between runs (as in
+FlashAttention-2 and 3's default backward); kernels/hopper.py takes the seven-product kernels,
+whose every output has one writer, when the caller asks for a deterministic backward.
+
+Conventions (views, the lse2/Delta buffers, bottom-right causal, padding rows) are gluon_bwd.py's.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                             warpgroup_mma_wait)
+
+from .gluon_bwd import _dkdv_loader
+from .gluon_common import accumulator_layout, key_tile_of_program, partition_barrier, tma_store
+
+
+@gluon.jit
+def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
+                    kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc,
+                    batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad,
+                    qk_scale, softmax_scale,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                    CAUSAL: gl.constexpr):
+    """One warpgroup: dK, dV of keys [n_start + half·HALF_N, +HALF_N); dQ columns
+    [half·HEAD_DIM/2, +HEAD_DIM/2) of every streamed Q tile over the CTA's 2·HALF_N keys, staged
+    in ``dq_stage`` (BLOCK_M × HEAD_DIM/2 float32, this warpgroup's) and added through
+    ``dq_acc_desc`` (the float32 sum as (B·Hq·S_pad, HEAD_DIM), boxes of that size)."""
+    HALF_D: gl.constexpr = HEAD_DIM // 2
+    s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # Sᵀ, dPᵀ: HALF_N keys × BLOCK_M queries
+    kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N × HEAD_DIM
+    dq_layout: gl.constexpr = accumulator_layout(4, HALF_D)  # a dQ half: BLOCK_M × HALF_D
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query (column of Sᵀ)
+    dtype: gl.constexpr = k_smem.dtype
+
+    key_first = n_start + half * HALF_N
+    keys = key_first + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
+    shift = seqlen_k - seqlen_q
+    k_tile = k_smem.index(half).reshape([HALF_N, HEAD_DIM])
+    v_tile = v_smem.index(half).reshape([HALF_N, HEAD_DIM])
+    # This warpgroup's dQ columns of each key half, one product per half: at d128 a half's 128
+    # columns are two 64-column swizzle blocks one after the other (TMA's 128-byte swizzle), so
+    # the two halves do not stack into one 128-row operand.
+    k_cols0 = k_smem.index(0).reshape([HALF_N, HEAD_DIM]).slice(half * HALF_D, HALF_D, dim=1)
+    k_cols1 = k_smem.index(1).reshape([HALF_N, HEAD_DIM]).slice(half * HALF_D, HALF_D, dim=1)
+    dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
+    dq_zero = gl.zeros([BLOCK_M, HALF_D], gl.float32, layout=dq_layout)
+
+    mbarrier.wait(kv_ready.index(0), 0)  # dQ reads both key halves
+    mbarrier.wait(kv_ready.index(1), 0)
+    total = group_size * n_q_tiles
+    for it in range(total):
+        g = it // n_q_tiles
+        m_start = (first_tile + it - g * n_q_tiles) * BLOCK_M
+        slot = it % NUM_STAGES
+        phase = (it // NUM_STAGES) & 1
+        buffer = it % 2
+        q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        ds_half = ds_smem.index(buffer).slice(half * HALF_N, HALF_N, dim=0)  # HALF_N keys × BLOCK_M
+        mbarrier.wait(q_ready.index(slot), phase)
+        mbarrier.wait(do_ready.index(slot), phase)
+        run = True
+        if CAUSAL:  # some query of the tile sees this warpgroup's first key
+            run = key_first <= m_start + BLOCK_M - 1 + shift
+        if run:
+            s = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dp = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s, ))
+            lse2 = lse_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
+            s = s * qk_scale - lse2[None, :]
+            if CAUSAL:  # mask only tiles that cross the diagonal
+                if key_first + HALF_N - 1 > m_start + shift:
+                    queries = m_start + gl.arange(0, BLOCK_M, layout=col_layout)
+                    s = gl.where(keys[:, None] <= (queries + shift)[None, :], s, -float("inf"))
+            p = gl.exp2(s)
+            p16 = gl.convert_layout(p.to(dtype), a_layout, assert_trivial=True)
+            dv = warpgroup_mma(p16, do_tile, dv, is_async=True)
+            dp = warpgroup_mma_wait(1, deps=(dp, ))
+            delta = delta_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
+            ds = (p * (dp - delta[None, :])).to(dtype)
+            ds_half.store(ds)
+            ds16 = gl.convert_layout(ds, a_layout, assert_trivial=True)
+            dk = warpgroup_mma(ds16, q_tile, dk, is_async=True)
+            # (retired inside the branch: an asynchronous result may not leave an `if`)
+            dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv, dk, p16, ds16))
+        else:
+            ds_half.store(s_zero.to(dtype))
+        # This warpgroup's dSᵀ stored by all its threads and visible to wgmma (the async proxy)
+        # before the other warpgroup may read it.
+        fence_async_shared()
+        partition_barrier()
+        mbarrier.arrive(ds_full.index(buffer), count=1)
+        mbarrier.wait(ds_full.index(buffer), (it // 2) & 1)
+        ds_all = ds_smem.index(buffer)  # 2·HALF_N keys × BLOCK_M queries; dS is its transpose
+        dq = warpgroup_mma(ds_all.slice(0, HALF_N, dim=0).permute((1, 0)), k_cols0, dq_zero, use_acc=False,
+                           is_async=True)
+        dq = warpgroup_mma(ds_all.slice(HALF_N, HALF_N, dim=0).permute((1, 0)), k_cols1, dq, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=(dq, ))
+        mbarrier.arrive(empty.index(slot), count=1)
+        # The previous tile's reduction must have read the staging box; then every thread's part
+        # of this one stored and visible to the TMA unit before the reduction is issued. Rows past
+        # the sequence have dS = 0 (lse2 = +inf there) and land in the sum's padding rows.
+        tma.store_wait(0)
+        dq_stage.store(dq)
+        fence_async_shared()
+        partition_barrier()
+        row = (batch * heads_q + head_kv * group_size + g) * s_pad + m_start
+        tma.async_atomic_add(dq_acc_desc, [row, half * HALF_D], dq_stage)
+
+    # K and V halves are dead once both warpgroups passed the last tile's barrier (every dQ
+    # product reading them retired before its warpgroup arrived there): stage dK, dV in them.
+    k_tile.store((dk * softmax_scale).to(dtype))
+    v_tile.store(dv.to(dtype))
+    fence_async_shared()
+    tma_store(dk_desc, [batch, head_kv, key_first, 0], k_smem.index(half))
+    tma_store(dv_desc, [batch, head_kv, key_first, 0], v_smem.index(half))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _dkdv_dq_kernel(
+    q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_acc_desc,
+    heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, s_pad, qk_scale, softmax_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile of one kv head, and its share of dQ added
+    into the float32 sum behind ``dq_acc_desc`` ((B·Hq·S_pad, HEAD_DIM), zeroed, boxes of
+    (BLOCK_M, HEAD_DIM / 2)). Grid and the other descriptors as gluon_bwd._dkdv_kernel's."""
+    gl.static_assert(num_warps == 4)
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    dtype: gl.constexpr = q_desc.dtype
+    batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
+        gl.program_id(0), num_n_blocks, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_N, HEAD_DIM], v_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], lse_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], delta_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+    dq_stage = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_acc_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(ds_full.index(i), count=2)  # one arrival per consumer warpgroup
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_fused_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage.index(0),
+                           kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, batch, head_kv,
+                           n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
+                           softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL)),
+        (_fused_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage.index(1),
+                           kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, batch, head_kv,
+                           n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
+                           softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL)),
+        (_dkdv_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+                        lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty, batch, head_kv, n_start, heads_q,
+                        group_size, first_tile, n_q_tiles, n_q_blocks, HALF_N, BLOCK_M, NUM_STAGES)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+@triton.jit
+def _dq_convert(dq_acc, DQ, stride_qb, stride_qh, stride_qm, heads_q, seqlen_q, head_dim, s_pad, softmax_scale,
+                HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """dq (B, Hq, Sq, head_dim) view = softmax_scale · the sum's rows (B·Hq·S_pad, HEAD_DIM), in
+    dq's dtype; HEAD_DIM ≥ head_dim is the kernel's width (its extra columns are not written)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    rows = pid_m * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, HEAD_DIM)
+    inside = (rows < seqlen_q)[:, None] & (cols < head_dim)[None, :]
+    acc = tl.load(dq_acc + (bh.to(tl.int64) * s_pad + rows)[:, None] * HEAD_DIM + cols[None, :], mask=inside)
+    batch = bh // heads_q
+    head = bh % heads_q
+    out = DQ + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + rows[:, None].to(tl.int64) * stride_qm
+    tl.store(out + cols[None, :], (acc * softmax_scale).to(DQ.dtype.element_ty), mask=inside)
