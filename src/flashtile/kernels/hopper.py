@@ -338,9 +338,9 @@ BWD_DQ = {128: (128, 128, 2), 64: (128, 64, 3), 256: (128, 32, 2)}
 WIDE_P_BUFFERS = 2
 STATS_ROWS = 128  # LSE and D rows padded to a multiple of both kernels' BLOCK_M (dQ 128, dK/dV 64 or 128)
 
-# The five-product backward (gluon_bwd_fused.py), (BLOCK_M, BLOCK_N, stages): the probe's tiles
-# (benchmarks/probes/gluon_bwd_atomic; session 12 ran it on the H200 under Triton 3.9). Its dQ
-# sum is (B·Hq·S_pad, D) float32 rows that TMA addresses with 32-bit coordinates.
+# The five-product backward (gluon_bwd_fused.py), (BLOCK_M, BLOCK_N, stages): the tiles of the
+# probe it came from (benchmarks/probes/gluon_bwd_atomic). Its dQ sum is (B·Hq·S_pad, D) float32
+# rows that TMA addresses with 32-bit coordinates.
 BWD_FUSED = {128: (64, 128, 2), 64: (64, 128, 2)}
 FUSED_SWITCH = "FLASHTILE_GLUON_BWD_FUSED"
 _TMA_ROWS = 2 ** 31
@@ -348,10 +348,12 @@ _FUSED_FAILED: set = set()  # (head dim, dtype, causal) whose fused kernel faile
 
 
 def fused_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
-    """Where the five-product backward beat the seven-product one on the H200 (triton 3.9, bf16,
-    16k tokens, CUDA graphs of the kernels; docs/performance.md, session 12): d128 non-causal
-    428 / 530 / 541 TFLOP/s at 1k / 4k / 16k against 406 / 462 / 471; causal 308 / 448 / 510
-    against 328 / 448 / 476, so causal only from 8k keys. d64 not yet timed: never under auto."""
+    """Where the five-product backward beat the seven-product one on the H200 (session 12,
+    triton 3.9, bf16, 16k tokens, CUDA graphs of the kernels, benchmarks/probes/fused_bwd.py;
+    TFLOP/s at 1k / 2k / 4k / 8k / 16k): d128 non-causal 446 / 517 / 526 / 541 / 540 against
+    406 / 459 / 470 / 465 / 472; causal 310 / 390 / 449 / 478 / 515 against 328 / 402 / 463 /
+    451 / 489, so causal from 8k keys. d64 is within 2% from 4k and 5-6% slower below: never
+    under auto."""
     return head_dim == 128 and (not causal or seqlen_k >= 8192)
 
 
