@@ -4,7 +4,7 @@
 One panel per (pass, head dim, mask): forward in the top row, backward below, every
 implementation the table measured as a line. The README's performance plot is
 
-    python benchmarks/plot_speed_table.py benchmarks/results/2026-11-30-h200-session11/bench.json \\
+    python benchmarks/plot_speed_table.py benchmarks/results/2026-11-30-h200-session12/bench.json \\
         --out docs/images/speed_h200.png --title "H200, 2026-11-30"
 """
 

@@ -180,6 +180,8 @@ ROWS = [
     Row("Options", "dropout_seed without dropout", "attention(q, k, v, dropout_seed=-1)",
         check="torch.equal(out, attention(q, k, v))",
         note="accepted: not checked, the seed is unused when dropout_p = 0"),
+    Row("Options", "deterministic not a bool", "attention(q, k, v, deterministic='yes')", TypeError,
+        "deterministic: expected a bool, got str 'yes'"),
     Row("Options", "causal not a bool", "attention(q, k, v, causal='no')",
         check="torch.equal(out, attention(q, k, v, causal=True))",
         note="accepted: not checked, any truthy value means causal"),

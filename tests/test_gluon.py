@@ -331,6 +331,27 @@ def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_sam
         takes()
 
 
+def test_deterministic_reaches_the_backward_op(monkeypatch):
+    # The backward runs later than the call that asked: the flag must travel with the autograd
+    # node to flashtile::attention_backward (whose Gluon path hands it to hopper.backward).
+    from flashtile import ops
+
+    seen = []
+    op = ops.attention_backward
+
+    def recorded(*args):
+        seen.append(args[-1])
+        return op(*args)
+
+    monkeypatch.setattr(ops, "attention_backward", recorded)
+    q, k, v = (torch.randn(1, 17, 2, 16, requires_grad=True) for _ in range(3))
+    for face, flag in ((flashtile.attention, True), (flashtile.attention, False), (flashtile.flash_attn_func, True),
+                       (flashtile.flash_attn_func, False)):
+        face(q, k, v, causal=True, deterministic=flag).sum().backward()
+    flashtile.attention(q, k, v).sum().backward()
+    assert seen == [True, False, True, False, False]
+
+
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_the_gluon_forward_hands_its_kernel_descriptors_of_its_own_tiles(monkeypatch, head_dim):
