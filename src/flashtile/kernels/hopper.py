@@ -6,8 +6,9 @@ address: head dims 64, 128 and 256, forward and backward. Every other call runs 
 kernels. ``FLASHTILE_GLUON`` (forward) and ``FLASHTILE_GLUON_BWD`` (backward) choose:
 
 - ``auto`` (the default): Gluon where the H200 measured it faster than the Triton kernels
-  (docs/performance.md, sessions 9 to 11): the forward at head dims 128 and 256, and at 64 from
-  4k keys; the backward at every head dim;
+  (docs/performance.md, sessions 9 to 12): the forward at head dims 128 and 256, and at 64 from
+  4k keys; the backward at 64, 128 and 256; of the head dims run padded, 96 and 192 both ways
+  (the d192 causal forward from 4k keys) and the d40 forward;
 - ``1``: Gluon for every call it covers (the tests use this to reach every shape);
 - ``0``: never.
 
@@ -88,7 +89,7 @@ def kernel_head_dim(head_dim: int) -> int | None:
     return next((d for d in KERNEL_HEAD_DIMS if d >= head_dim), None)
 
 
-def measured_faster(head_dim: int, seqlen_k: int, backward: bool) -> bool:
+def measured_faster(head_dim: int, seqlen_k: int, backward: bool, causal: bool = False) -> bool:
     """Where the Gluon kernels beat the Triton ones on the H200, each measured through
     ``flashtile.attention`` as a user calls it (bf16, 16k tokens; docs/performance.md, sessions
     9 and 10, has the figures). Forward: d128 and d256 at every length (non-causal 1.2-1.6x the
@@ -98,11 +99,21 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool) -> bool:
     every head dim at every length; the one cell where it trailed in a run, d128 causal at 1k,
     is host-bound and scatters between runs on either side of the Triton backward. d256 (session
     11, gluon_bwd_wide): 377 / 446 / 435 TFLOP/s non-causal at 1k / 4k / 16k and 293 / 389 / 422
-    causal, against the Triton backward's 198 / 224 / 228 and 142 / 187 / 209. Head dims the
-    kernels run padded (40, 96, 192, ...) have not been timed: never under auto."""
-    if head_dim not in KERNEL_HEAD_DIMS:
-        return False
-    return backward or head_dim in (128, 256) or seqlen_k >= 4096
+    causal, against the Triton backward's 198 / 224 / 228 and 142 / 187 / 209.
+
+    Head dims the kernels run padded (session 12, probes/padded_head_dims.py, TFLOP/s of the
+    call's own head dim, Gluon against Triton, non-causal then causal at 1k / 4k / 16k): d96
+    forward 418 / 512 / 478, 302 / 443 / 461 against 279 / 340 / 361, 215 / 286 / 333, backward
+    326 / 371 / 366, 255 / 350 / 362 against 247 / 300 / 310, 171 / 246 / 281; d192 forward
+    466 / 520 / 514, 165 / 473 / 523 against 278 / 340 / 340, 207 / 292 / 345 (so causal from
+    4k keys), backward about twice Triton's; d40 forward 217-286 against 55-85. The d40
+    backward's Triton row was not reached in that run: not under auto yet. Other padded head
+    dims (e.g. 80, 160) have not been timed."""
+    if head_dim in KERNEL_HEAD_DIMS:
+        return backward or head_dim in (128, 256) or seqlen_k >= 4096
+    if head_dim == 192 and not backward:
+        return not causal or seqlen_k >= 4096
+    return head_dim == 96 or head_dim == 192 or (head_dim == 40 and not backward)
 
 
 @functools.lru_cache(maxsize=None)
@@ -185,7 +196,7 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         return False
     if q.numel() == 0 or k.numel() == 0:  # the public API rejects these; a direct op call may not
         return False
-    if choice == "auto" and not measured_faster(q.shape[3], k.shape[2], backward):
+    if choice == "auto" and not measured_faster(q.shape[3], k.shape[2], backward, causal=band.right == 0):
         return False
     if choice == "auto" and _failure_key(backward, q, causal=band.right == 0) in _FAILED:
         return False
@@ -372,8 +383,8 @@ def _takes_fused(q: torch.Tensor, head_dim: int, seqlen_k: int, causal: bool, s_
             raise RuntimeError(f"{FUSED_SWITCH}=1: the five-product backward adds dQ by TMA reductions, which "
                                f"Gluon has from Triton 3.8 on; this is triton {triton.__version__}")
         return False
-    if choice == "auto":
-        return fused_measured_faster(head_dim, seqlen_k, causal) and (head_dim, q.dtype, causal) not in _FUSED_FAILED
+    if choice == "auto":  # as timed: the call's own head dim (a padded one, e.g. 96 on 128, has not been)
+        return fused_measured_faster(q.shape[3], seqlen_k, causal) and (head_dim, q.dtype, causal) not in _FUSED_FAILED
     return True
 
 
