@@ -16,8 +16,8 @@
 #   bash benchmarks/gpu_final.sh gluon-bwd  # the Gluon backward probe (benchmarks/probes/gluon_bwd): its oracle
 #                                        # cases against autograd, its timing beside SDPA, then the library's
 #                                        # backward grid (tests/test_gluon.py -k backward); ~300 s
-#   bash benchmarks/gpu_final.sh triton39   # the Gluon GPU tests and the five-product probe (TMA-reduction
-#                                        # variant included) under Triton 3.9 carried by tools/triton_parts.sh
+#   bash benchmarks/gpu_final.sh triton39   # every Gluon GPU test, then probes/fused_bwd.py (five products
+#                                        # against seven), under Triton 3.9 carried by tools/triton_parts.sh
 #   bash benchmarks/gpu_final.sh fused39    # the five-product backward under Triton 3.9 (carried as for triton39):
 #                                        # its GPU tests and the seven-product ones, probes/fused_bwd.py, then
 #                                        # flashtile bench d128 beside cuDNN and FA2; ~400 s
@@ -30,9 +30,9 @@
 #   bash benchmarks/gpu_final.sh gluon-all  # every Gluon GPU test (grids, auto dispatch, CUDA graph), then the
 #                                        # d128 1k and 16k bench cells beside cuDNN with the Gluon backward forced
 #                                        # on; ~420 s (the sanitizer's Gluon section runs in `checks`)
-#   bash benchmarks/gpu_final.sh probes  # the five-product backward probe (probes/gluon_bwd_atomic/check.py:
-#                                        # oracle cases, then time beside the library's and SDPA's), then the
-#                                        # Gluon config sweep (probes/gluon_sweep.py); ~400 s
+#   bash benchmarks/gpu_final.sh probes  # the five-product backward against the seven-product one (needs
+#                                        # Triton 3.8+, see fused39), then the Gluon config sweep
+#                                        # (probes/gluon_sweep.py); ~400 s
 #   bash benchmarks/gpu_final.sh loops   # block-mask loops (attempt 22: runs of full tiles): masks.py (Flex
 #                                        # included), mask_tiles.py ranges (as built / run loop / tile by
 #                                        # tile); the decode append kernel (attempt 23): launch_overhead.py's
@@ -149,14 +149,14 @@ case ${1:-tests} in
   triton39)
     # The Gluon kernels under a newer Triton (TRITON_VERSION, default 3.9.0) carried in parts by
     # tools/triton_parts.sh (its comment says how; the last carrying call runs this mode): unpack,
-    # every Gluon GPU test, then the five-product probe with its TMA-reduction variant; ~450 s.
+    # every Gluon GPU test, then the five-product backward against the seven-product one; ~450 s.
     version=${TRITON_VERSION:-3.9.0}
     bash tools/triton_parts.sh unpack "$version" > "$OUT/triton-unpack.log" 2>&1 || { cat "$OUT/triton-unpack.log"; exit 1; }
     export TRITON_BACKENDS_IN_TREE=1 PYTHONPATH=$PWD/.triton-parts/$version/site:$PWD/src
     python3 -c "import triton; print('triton', triton.__version__)" >> "$OUT/gpu.txt"
     OMP_NUM_THREADS=2 PYTHONPATH=$PYTHONPATH:$PWD timeout "${TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider \
       -p no:benchmark -n "${WORKERS:-12}" --timeout=200 tests/test_gluon.py -m gpu > "$OUT/tests-gluon-$version.log" 2>&1
-    step timeout 200 python3 benchmarks/probes/gluon_bwd_atomic/check.py > "$OUT/five-product-$version.log" 2>&1
+    step timeout 200 python3 benchmarks/probes/fused_bwd.py > "$OUT/five-product-$version.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-gluon-$version.log"; grep -v "Warn" "$OUT/five-product-$version.log" | tail -20
     cat "$OUT/times.txt" ;;
   fwd-ab)
@@ -226,9 +226,9 @@ case ${1:-tests} in
     tail -3 "$OUT/tests-gluon-all.log"
     grep -v "Warn" "$OUT/bench.log" | tail -30; cat "$OUT/times.txt" ;;
   probes)
-    step timeout "${ATOMIC_LIMIT:-150}" python3 benchmarks/probes/gluon_bwd_atomic/check.py --d64 > "$OUT/atomic.log" 2>&1
+    step timeout "${FUSED_LIMIT:-150}" python3 benchmarks/probes/fused_bwd.py > "$OUT/fused.log" 2>&1
     step timeout "${SWEEP_LIMIT:-300}" python3 benchmarks/probes/gluon_sweep.py > "$OUT/sweep.log" 2>&1
-    grep -v "Warn" "$OUT/atomic.log" | tail -30; grep -v "Warn" "$OUT/sweep.log"; cat "$OUT/times.txt" ;;
+    grep -v "Warn" "$OUT/fused.log" | tail -30; grep -v "Warn" "$OUT/sweep.log"; cat "$OUT/times.txt" ;;
   checks)
     # The property test runs meanwhile, on the second GPU where there is one, its six shards
     # on six workers (compile-bound: most problems bring new kernels).

@@ -350,7 +350,7 @@ WIDE_P_BUFFERS = 2
 STATS_ROWS = 128  # LSE and D rows padded to a multiple of both kernels' BLOCK_M (dQ 128, dK/dV 64 or 128)
 
 # The five-product backward (gluon_bwd_fused.py), (BLOCK_M, BLOCK_N, stages): the tiles of the
-# probe it came from (benchmarks/probes/gluon_bwd_atomic). Its dQ sum is (B·Hq·S_pad, D) float32
+# probe it came from (attempt 30; docs/performance.md). Its dQ sum is (B·Hq·S_pad, D) float32
 # rows that TMA addresses with 32-bit coordinates.
 BWD_FUSED = {128: (64, 128, 2), 64: (64, 128, 2)}
 FUSED_SWITCH = "FLASHTILE_GLUON_BWD_FUSED"
