@@ -72,6 +72,44 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
 
 
 @gluon.jit
+def _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, dv, s_zero, keys, key_first, m_start,
+               shift, qk_scale, ds_out, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+               CAUSAL: gl.constexpr, STORE_DS: gl.constexpr):
+    """One step of a dK/dV consumer warpgroup, its HALF_N keys against one BLOCK_M-row Q tile:
+    Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ = exp2(Sᵀ·qk_scale − lse2) (the causal mask on tiles that cross
+    the diagonal), dV += Pᵀ dO, dSᵀ = Pᵀ ∘ (dPᵀ − Delta), dK += dSᵀ Q; with STORE_DS, dSᵀ (in the
+    inputs' dtype) is also stored into ``ds_out`` (gluon_bwd_fused.py's dQ reads it). Returns
+    (dk, dv), every product retired. lse_smem, delta_smem: the ring of (1, BLOCK_M) rows; ``slot``
+    the step's."""
+    s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # S^T, dP^T: HALF_N keys x BLOCK_M queries
+    kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N x HEAD_DIM
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query (column of S^T)
+    dtype: gl.constexpr = k_tile.dtype
+    s = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    dp = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s, ))
+    lse2 = lse_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
+    s = s * qk_scale - lse2[None, :]
+    if CAUSAL:  # mask only tiles that cross the diagonal: some key > some query + shift
+        if key_first + HALF_N - 1 > m_start + shift:
+            queries = m_start + gl.arange(0, BLOCK_M, layout=col_layout)
+            s = gl.where(keys[:, None] <= (queries + shift)[None, :], s, -float("inf"))
+    p = gl.exp2(s)
+    p16 = gl.convert_layout(p.to(dtype), a_layout, assert_trivial=True)
+    dv = warpgroup_mma(p16, do_tile, dv, is_async=True)
+    dp = warpgroup_mma_wait(1, deps=(dp, ))  # S^T, dP^T done; dV may still run
+    delta = delta_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
+    ds = (p * (dp - delta[None, :])).to(dtype)
+    if STORE_DS:
+        ds_out.store(ds)
+    ds16 = gl.convert_layout(ds, a_layout, assert_trivial=True)
+    dk = warpgroup_mma(ds16, q_tile, dk, is_async=True)
+    dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv, dk, p16, ds16))
+    return dk, dv
+
+
+@gluon.jit
 def _dkdv_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
                    kv_ready, q_ready, do_ready, empty, dk_desc, dv_desc,
                    batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, n_q_blocks, group_size,
@@ -81,8 +119,6 @@ def _dkdv_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem
     """One warpgroup: keys [n_start + half*HALF_N, +HALF_N), every streamed Q tile."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # S^T, dP^T: HALF_N keys x BLOCK_M queries
     kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N x HEAD_DIM
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query (column of S^T)
     dtype: gl.constexpr = k_smem.dtype
 
     key_first = n_start + half * HALF_N
@@ -114,24 +150,8 @@ def _dkdv_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem
         if CAUSAL:
             run = key_first <= m_start + BLOCK_M - 1 + shift
         if run:
-            s = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            dp = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(1, deps=(s, ))
-            lse2 = lse_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
-            s = s * qk_scale - lse2[None, :]
-            if CAUSAL:  # mask only tiles that cross the diagonal: some key > some query + shift
-                if key_first + HALF_N - 1 > m_start + shift:
-                    queries = m_start + gl.arange(0, BLOCK_M, layout=col_layout)
-                    s = gl.where(keys[:, None] <= (queries + shift)[None, :], s, -float("inf"))
-            p = gl.exp2(s)
-            p16 = gl.convert_layout(p.to(dtype), a_layout, assert_trivial=True)
-            dv = warpgroup_mma(p16, do_tile, dv, is_async=True)
-            dp = warpgroup_mma_wait(1, deps=(dp, ))  # S^T, dP^T done; dV may still run
-            delta = delta_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
-            ds = p * (dp - delta[None, :])
-            ds16 = gl.convert_layout(ds.to(dtype), a_layout, assert_trivial=True)
-            dk = warpgroup_mma(ds16, q_tile, dk, is_async=True)
-            dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv, dk, p16, ds16))
+            dk, dv = _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, dv, s_zero, keys,
+                                key_first, m_start, shift, qk_scale, None, HALF_N, BLOCK_M, HEAD_DIM, CAUSAL, False)
         mbarrier.arrive(empty.index(slot), count=1)
 
     # Epilogue: K and V halves are dead (every wgmma reading them retired): stage dK, dV there.

@@ -46,7 +46,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_bwd import _dkdv_loader
+from .gluon_bwd import _dkdv_loader, _dkdv_tile
 from .gluon_common import accumulator_layout, key_tile_of_program, partition_barrier, tma_store
 
 
@@ -65,8 +65,6 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # Sᵀ, dPᵀ: HALF_N keys × BLOCK_M queries
     kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N × HEAD_DIM
     dq_layout: gl.constexpr = accumulator_layout(4, HALF_D)  # a dQ half: BLOCK_M × HALF_D
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query (column of Sᵀ)
     dtype: gl.constexpr = k_smem.dtype
 
     key_first = n_start + half * HALF_N
@@ -101,27 +99,9 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
         run = True
         if CAUSAL:  # some query of the tile sees this warpgroup's first key
             run = key_first <= m_start + BLOCK_M - 1 + shift
-        if run:
-            s = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            dp = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(1, deps=(s, ))
-            lse2 = lse_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
-            s = s * qk_scale - lse2[None, :]
-            if CAUSAL:  # mask only tiles that cross the diagonal
-                if key_first + HALF_N - 1 > m_start + shift:
-                    queries = m_start + gl.arange(0, BLOCK_M, layout=col_layout)
-                    s = gl.where(keys[:, None] <= (queries + shift)[None, :], s, -float("inf"))
-            p = gl.exp2(s)
-            p16 = gl.convert_layout(p.to(dtype), a_layout, assert_trivial=True)
-            dv = warpgroup_mma(p16, do_tile, dv, is_async=True)
-            dp = warpgroup_mma_wait(1, deps=(dp, ))
-            delta = delta_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
-            ds = (p * (dp - delta[None, :])).to(dtype)
-            ds_half.store(ds)
-            ds16 = gl.convert_layout(ds, a_layout, assert_trivial=True)
-            dk = warpgroup_mma(ds16, q_tile, dk, is_async=True)
-            # (retired inside the branch: an asynchronous result may not leave an `if`)
-            dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv, dk, p16, ds16))
+        if run:  # gluon_bwd's step, dSᵀ also stored for the dQ product below
+            dk, dv = _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, dv, s_zero, keys,
+                                key_first, m_start, shift, qk_scale, ds_half, HALF_N, BLOCK_M, HEAD_DIM, CAUSAL, True)
         else:
             ds_half.store(s_zero.to(dtype))
         # This warpgroup's dSᵀ stored by all its threads and visible to wgmma (the async proxy)
