@@ -608,3 +608,16 @@ def test_gpu_a_deterministic_call_keeps_to_the_seven_product_kernels(fused_backw
     out = flashtile.attention(q, k, v, causal=True)
     torch.autograd.grad(out, (q, k, v), dout)
     assert fused_backward_calls == [(2, 6, 1500, 128)]
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+def test_flashtile_info_says_whether_the_fused_backward_can_run(monkeypatch):
+    # availability() on an sm_90 GPU (faked): its reason names the five-product backward's switch
+    # where this Triton has TMA reductions, and the version it needs where it has not.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(hopper, "_unsupported", lambda index: None)
+    for has_reduce, words in ((True, "FLASHTILE_GLUON_BWD_FUSED"), (False, "needs 3.8+")):
+        monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", has_reduce)
+        available, why = hopper.availability()
+        assert available and words in why, why

@@ -171,8 +171,11 @@ def availability() -> tuple[bool, str]:
     reason = _unsupported(torch.cuda.current_device())
     if reason is not None:
         return False, reason
+    fused = ("its Gluon has TMA reductions: the five-product backward runs as FLASHTILE_GLUON_BWD_FUSED says"
+             if _gluon_common().HAS_TMA_REDUCE else
+             "no TMA reductions in its Gluon: the backward keeps to seven products (the five-product one needs 3.8+)")
     return True, (f"sm_90 and triton {triton.__version__}: plain attention takes them as FLASHTILE_GLUON and "
-                  "FLASHTILE_GLUON_BWD say")
+                  f"FLASHTILE_GLUON_BWD say; {fused}")
 
 
 def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, band: Band, *, softcap: float,
