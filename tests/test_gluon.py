@@ -294,9 +294,56 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     dq_sum = sum_desc.base
     assert dq_sum.shape == (batch * heads_q * s_pad, width) and dq_sum.dtype == torch.float32
     assert not dq_sum.any() and sum_desc.block_shape == [m, width // 2]
-    assert grid == (triton.cdiv(seqlen_k, n) * batch * heads_kv,)
-    assert args_convert[0] is dq_sum and args_convert[1] is dq and args_convert[7] == head_dim
-    assert grid_convert == (triton.cdiv(seqlen_q, const_convert["BLOCK"]), batch * heads_q)
+    num_n_blocks = triton.cdiv(seqlen_k, n)
+    assert grid == (num_n_blocks * batch * heads_kv,)
+    scale = head_dim ** -0.5
+    assert args[9:] == (heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, s_pad,
+                        pytest.approx(scale * hopper.LOG2E), scale)
+    assert args_convert[0] is dq_sum and args_convert[1] is dq
+    assert args_convert[2:] == (*dq.stride()[:3], heads_q, seqlen_q, head_dim, s_pad, scale)
+    # batch × heads on the grid's first axis: the second stops at 65535
+    assert grid_convert == (batch * heads_q, triton.cdiv(seqlen_q, const_convert["BLOCK"]))
+
+
+@pytest.mark.skipif(not HAS_TMA_REDUCE, reason="this Triton's Gluon has no TMA reductions (3.8+)")
+def test_a_fused_backward_that_fails_to_build_falls_back_under_auto_and_is_an_error_under_1(monkeypatch):
+    # Kernels stubbed; the fused one raises what a Gluon API that moved raises (AttributeError).
+    # auto: one warning, the seven-product kernels run, and only the fused kernel is remembered
+    # as broken. =1: an error of its own type, which hopper.falls_back (the whole Gluon
+    # backward's fallback to Triton under FLASHTILE_GLUON_BWD=auto) does not swallow.
+    gluon_bwd_fused, (_, _, _, gluon_bwd, _) = hopper._fused_module(), hopper._gluon()
+
+    class _Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise AttributeError("module 'tma' has no attribute 'async_atomic_add'")
+            return launch
+
+    launches = []
+    monkeypatch.setattr(gluon_bwd_fused, "_dkdv_dq_kernel", _Broken())
+    for name in ("_dkdv_kernel", "_dq_kernel"):
+        monkeypatch.setattr(gluon_bwd, name, _RecordLaunch(launches, name))
+    monkeypatch.setattr(hopper, "_FUSED_FAILED", set())
+    monkeypatch.setattr(hopper, "FUSED_UNDER_AUTO", True)
+    monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
+    q, dout, dq, k, v, dk, dv = (torch.randn(1, 2, 300, 128, dtype=torch.bfloat16) for _ in range(7))
+    lse2, delta = (torch.zeros(2, 384) for _ in range(2))
+
+    def run():
+        hopper.backward(q, k, v, dout, lse2, delta, 128 ** -0.5, False, dq, dk, dv)
+
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
+    with pytest.raises(hopper.FusedBackwardError, match="FLASHTILE_GLUON_BWD_FUSED=1: .*AttributeError") as caught:
+        run()
+    assert not hopper.falls_back(caught.value, q, backward=True, causal=False)
+    assert launches == [] and hopper._FUSED_FAILED == set()
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "auto")
+    with pytest.warns(RuntimeWarning, match="five-product Gluon backward .* failed to build"):
+        run()
+    assert [name for name, *_ in launches] == ["_dkdv_kernel", "_dq_kernel"]
+    assert hopper._FUSED_FAILED == {(128, torch.bfloat16, False)}
+    run()  # remembered: straight to the seven-product kernels, no second warning
+    assert len(launches) == 4
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
@@ -308,6 +355,8 @@ def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_sam
 
     monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD_FUSED", raising=False)
+    assert not hopper.FUSED_UNDER_AUTO and not takes()  # until the fixed kernel has run on a GPU
+    monkeypatch.setattr(hopper, "FUSED_UNDER_AUTO", True)  # the rule auto follows then
     assert takes() and takes(seqlen_k=1024) and takes(causal=True) and not takes(seqlen_k=4096, causal=True)
     assert not takes(head_dim=64) and not takes(head_dim=256)  # d64 not ahead; no d256 kernel
     assert not takes(deterministic=True)
@@ -591,12 +640,13 @@ def test_gpu_fused_backward_grid(fused_backward_calls, dtype, headdim, seqlens, 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @NEEDS_FUSED
-def test_gpu_a_deterministic_call_keeps_to_the_seven_product_kernels(fused_backward_calls):
+def test_gpu_a_deterministic_call_keeps_to_the_seven_product_kernels(fused_backward_calls, monkeypatch):
     # deterministic=True (flashtile.attention and flash_attn_func alike) must give the same bits
     # on every call even where the fused backward is forced on; without it the fused one runs.
     q = torch.randn(2, 1500, 6, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(2, 1700, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     dout = torch.randn(2, 1500, 6, 128, device="cuda", dtype=torch.bfloat16)
+    seven = _count_calls(monkeypatch, "_seven_product_backward")
     for face in (flashtile.attention, flashtile.flash_attn_func):
         out = face(q, k, v, causal=True, deterministic=True)
         first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
@@ -604,7 +654,7 @@ def test_gpu_a_deterministic_call_keeps_to_the_seven_product_kernels(fused_backw
             again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
             for name, a, b in zip(("dq", "dk", "dv"), first, again):
                 assert torch.equal(a, b), name
-    assert fused_backward_calls == []
+    assert fused_backward_calls == [] and len(seven) == 12  # 2 faces × 6 calls, all Gluon
     out = flashtile.attention(q, k, v, causal=True)
     torch.autograd.grad(out, (q, k, v), dout)
     assert fused_backward_calls == [(2, 6, 1500, 128)]

@@ -174,9 +174,11 @@ def test_gpu_float32_full_precision_and_tf32(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_backward_is_deterministic():
+    # deterministic=True: the same bits on every call whatever path the backward takes (on sm_90
+    # with Triton 3.8+ the fused Gluon backward, which adds dQ in no fixed order, is skipped).
     q, k, v = (torch.randn(8, 2048, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
-    out = flashtile.attention(q, k, v, causal=True)
+    out = flashtile.attention(q, k, v, causal=True, deterministic=True)
     dout = torch.randn_like(out)
     first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
     for _ in range(100):

@@ -372,7 +372,8 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
     switches = (("FLASHTILE_BACKEND", "unset (auto)"), ("TRITON_INTERPRET", "unset"),
                 ("FLASHTILE_GLUON", "unset (auto: Gluon forward on sm_90 where measured faster)"),
                 ("FLASHTILE_GLUON_BWD", "unset (auto: Gluon backward on sm_90, d64, d128 and d256)"),
-                ("FLASHTILE_GLUON_BWD_FUSED", "unset (auto: five products at d128 where measured faster, Triton 3.8+)"))
+                ("FLASHTILE_GLUON_BWD_FUSED",
+                 "unset (auto: seven products until the five-product kernel is re-verified; 1: five, Triton 3.8+)"))
     for name, unset in switches:
         env.add_row(name, os.environ.get(name, unset))
     for device_type in ("cpu", "cuda") if cuda else ("cpu",):

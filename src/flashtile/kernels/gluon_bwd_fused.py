@@ -126,8 +126,13 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
         row = (batch * heads_q + head_kv * group_size + g) * s_pad + m_start
         tma.async_atomic_add(dq_acc_desc, [row, half * HALF_D], dq_stage)
 
-    # K and V halves are dead once both warpgroups passed the last tile's barrier (every dQ
-    # product reading them retired before its warpgroup arrived there): stage dK, dV in them.
+    # dK is staged in this warpgroup's K half, which the other warpgroup's dQ products read too:
+    # meet once more (the ds_full barrier's next phase) so that its last one has retired first.
+    # (Found in review: without this the faster warpgroup overwrote K under the other's last
+    # dQ product.) V's half is read by this warpgroup alone.
+    partition_barrier()
+    mbarrier.arrive(ds_full.index(total % 2), count=1)
+    mbarrier.wait(ds_full.index(total % 2), (total // 2) & 1)
     k_tile.store((dk * softmax_scale).to(dtype))
     v_tile.store(dv.to(dtype))
     fence_async_shared()
@@ -194,9 +199,10 @@ def _dkdv_dq_kernel(
 def _dq_convert(dq_acc, DQ, stride_qb, stride_qh, stride_qm, heads_q, seqlen_q, head_dim, s_pad, softmax_scale,
                 HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
     """dq (B, Hq, Sq, head_dim) view = softmax_scale · the sum's rows (B·Hq·S_pad, HEAD_DIM), in
-    dq's dtype; HEAD_DIM ≥ head_dim is the kernel's width (its extra columns are not written)."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    dq's dtype; HEAD_DIM ≥ head_dim is the kernel's width (its extra columns are not written).
+    Grid (B·Hq, cdiv(Sq, BLOCK)): batch × heads on the first axis, which has no 65535 limit."""
+    bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
     rows = pid_m * BLOCK + tl.arange(0, BLOCK)
     cols = tl.arange(0, HEAD_DIM)
     inside = (rows < seqlen_q)[:, None] & (cols < head_dim)[None, :]

@@ -16,8 +16,9 @@ Where Triton's Gluon has TMA reductions (3.8 and newer), the backward at head di
 can run gluon_bwd_fused.py's one kernel of five products per tile pair, dQ added in float32 in
 the order the CTAs reach it, instead of gluon_bwd.py's two kernels of seven, every output with
 one writer. ``FLASHTILE_GLUON_BWD_FUSED`` chooses among the Gluon backwards the same way (auto,
-1, 0); a call that asks for a deterministic backward (``deterministic=True``, or
-``torch.use_deterministic_algorithms(True)``) always gets the seven-product kernels.
+1, 0; auto does not take it yet: FUSED_UNDER_AUTO says why); a call that asks for a deterministic
+backward (``deterministic=True``, or ``torch.use_deterministic_algorithms(True)``) always gets the
+seven-product kernels.
 
 Under ``auto`` a Gluon kernel that fails to build here (a Triton whose Gluon changed, a
 ptxas error) sends its calls back to the Triton kernels, with one warning naming the error;
@@ -216,8 +217,7 @@ def falls_back(error: BaseException, q: torch.Tensor, *, backward: bool, causal:
     """Whether a call whose Gluon launch raised ``error`` should run the Triton kernels instead:
     under ``auto``, when the kernel could not be built (BUILD_ERRORS). The kernel is then
     remembered as broken for this process, and a warning says so once."""
-    build_error = isinstance(error, BUILD_ERRORS) or (type(error) is RuntimeError and _PASS_FAILURE in str(error))
-    if setting(backward) != "auto" or not build_error:
+    if setting(backward) != "auto" or not _is_build_error(error):
         return False
     key = _failure_key(backward, q, causal=causal)
     if key not in _FAILED:
@@ -358,6 +358,12 @@ STATS_ROWS = 128  # LSE and D rows padded to a multiple of both kernels' BLOCK_M
 BWD_FUSED = {128: (64, 128, 2), 64: (64, 128, 2)}
 FUSED_SWITCH = "FLASHTILE_GLUON_BWD_FUSED"
 _TMA_ROWS = 2 ** 31
+# Whether auto takes the fused backward where fused_measured_faster says. Off until its current
+# kernel has passed the GPU grid: the barrier that a review of session 12 added to its epilogue
+# (the faster warpgroup staged dK in K's buffer while the other's last dQ product could still
+# read it) was written after the session's GPU time ran out; the kernel measured and tested on
+# the H200 is the one before it. FLASHTILE_GLUON_BWD_FUSED=1 runs it meanwhile.
+FUSED_UNDER_AUTO = False
 _FUSED_FAILED: set = set()  # (head dim, dtype, causal) whose fused kernel failed to build here
 
 
@@ -387,7 +393,8 @@ def _takes_fused(q: torch.Tensor, head_dim: int, seqlen_k: int, causal: bool, s_
                                f"Gluon has from Triton 3.8 on; this is triton {triton.__version__}")
         return False
     if choice == "auto":  # as timed: the call's own head dim (a padded one, e.g. 96 on 128, has not been)
-        return fused_measured_faster(q.shape[3], seqlen_k, causal) and (head_dim, q.dtype, causal) not in _FUSED_FAILED
+        return (FUSED_UNDER_AUTO and fused_measured_faster(q.shape[3], seqlen_k, causal)
+                and (head_dim, q.dtype, causal) not in _FUSED_FAILED)
     return True
 
 
@@ -414,7 +421,15 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
         try:
             return _fused_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile)
         except Exception as error:  # a kernel that cannot be built here: the seven-product one instead
-            if not _fused_falls_back(error, head_dim, q.dtype, causal):
+            if _fused_falls_back(error, head_dim, q.dtype, causal):
+                pass
+            elif setting(name=FUSED_SWITCH) == "1" and _is_build_error(error):
+                # Not a build error to falls_back: under FLASHTILE_GLUON_BWD=auto it would send
+                # the call to Triton and mark the seven-product kernels broken for this shape.
+                raise FusedBackwardError(f"{FUSED_SWITCH}=1: the five-product backward (head dim {head_dim}) failed "
+                                         f"to build with triton {triton.__version__}: {type(error).__name__}: "
+                                         f"{(str(error).strip().splitlines() or [''])[0][:300]}") from error
+            else:
                 raise
     _seven_product_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile)
 
@@ -444,17 +459,27 @@ def _fused_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, d
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
     )
     rows = 64
-    gluon_bwd_fused._dq_convert[(triton.cdiv(seqlen_q, rows), batch * heads_q)](
+    gluon_bwd_fused._dq_convert[(batch * heads_q, triton.cdiv(seqlen_q, rows))](
         dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), heads_q, seqlen_q, dq.shape[3], s_pad, softmax_scale,
         HEAD_DIM=head_dim, BLOCK=rows,
     )
 
 
+class FusedBackwardError(RuntimeError):
+    """The five-product backward, forced on (FLASHTILE_GLUON_BWD_FUSED=1), could not be built.
+    A RuntimeError of its own type, so that falls_back never reads it as a build error to
+    recover from."""
+
+
+def _is_build_error(error: BaseException) -> bool:
+    """Whether ``error`` says a kernel could not be built here (BUILD_ERRORS, or MLIR's pass failure)."""
+    return isinstance(error, BUILD_ERRORS) or (type(error) is RuntimeError and _PASS_FAILURE in str(error))
+
+
 def _fused_falls_back(error: BaseException, head_dim: int, dtype: torch.dtype, causal: bool) -> bool:
     """Whether a fused launch that raised ``error`` should run the seven-product kernels: under
     auto, when the kernel could not be built (as falls_back, for this kernel alone)."""
-    build_error = isinstance(error, BUILD_ERRORS) or (type(error) is RuntimeError and _PASS_FAILURE in str(error))
-    if setting(name=FUSED_SWITCH) != "auto" or not build_error:
+    if setting(name=FUSED_SWITCH) != "auto" or not _is_build_error(error):
         return False
     key = (head_dim, dtype, causal)
     if key not in _FUSED_FAILED:
