@@ -99,7 +99,7 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool, causal: bool =
     alone never does. d64 from 4k keys: below that the two trade places between runs. Backward:
     every head dim at every length; the one cell where it trailed in a run, d128 causal at 1k,
     is host-bound and scatters between runs on either side of the Triton backward. d256 (session
-    11, gluon_bwd_wide): 377 / 446 / 435 TFLOP/s non-causal at 1k / 4k / 16k and 293 / 389 / 422
+    11, gluon_bwd_wide): 377 / 443 / 436 TFLOP/s non-causal at 1k / 4k / 16k and 273 / 389 / 432
     causal, against the Triton backward's 198 / 224 / 228 and 142 / 187 / 209.
 
     Head dims the kernels run padded (session 12, probes/padded_head_dims.py, TFLOP/s of the
@@ -107,7 +107,7 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool, causal: bool =
     forward 418 / 512 / 478, 302 / 443 / 461 against 279 / 340 / 361, 215 / 286 / 333, backward
     326 / 371 / 366, 255 / 350 / 362 against 247 / 300 / 310, 171 / 246 / 281; d192 forward
     466 / 520 / 514, 165 / 473 / 523 against 278 / 340 / 340, 207 / 292 / 345 (so causal from
-    4k keys), backward about twice Triton's; d40 forward 217-286 against 55-85. The d40
+    4k keys), backward about twice Triton's; d40 forward 151-286 against 55-85. The d40
     backward's Triton row was not reached in that run: not under auto yet. Other padded head
     dims (e.g. 80, 160) have not been timed."""
     if head_dim in KERNEL_HEAD_DIMS:
@@ -372,8 +372,8 @@ def fused_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
     triton 3.9, bf16, 16k tokens, CUDA graphs of the kernels, benchmarks/probes/fused_bwd.py;
     TFLOP/s at 1k / 2k / 4k / 8k / 16k): d128 non-causal 446 / 517 / 526 / 541 / 540 against
     406 / 459 / 470 / 465 / 472; causal 310 / 390 / 449 / 478 / 515 against 328 / 402 / 463 /
-    451 / 489, so causal from 8k keys. d64 is within 2% from 4k and 5-6% slower below: never
-    under auto."""
+    451 / 489, so causal from 8k keys. d64 is within 2% from 4k and up to 6% slower below
+    (non-causal): never under auto."""
     return head_dim == 128 and (not causal or seqlen_k >= 8192)
 
 
