@@ -19,8 +19,9 @@
 #   bash benchmarks/gpu_final.sh triton39   # every Gluon GPU test, then probes/fused_bwd.py (five products
 #                                        # against seven), under Triton 3.9 carried by tools/triton_parts.sh
 #   bash benchmarks/gpu_final.sh fused39    # the five-product backward under Triton 3.9 (carried as for triton39):
-#                                        # its GPU tests and the seven-product ones, probes/fused_bwd.py, then
-#                                        # flashtile bench d128 beside cuDNN and FA2; ~400 s
+#                                        # its GPU tests and the seven-product ones, probes/fused_bwd.py,
+#                                        # flashtile bench d128 (fused forced) beside cuDNN and FA2, then
+#                                        # racecheck of the fused kernel; ~450 s
 #   bash benchmarks/gpu_final.sh fwd-ab     # a Gluon forward branch's gate (fwd-ffma): forward GPU tests, then the
 #                                        # forward sweep on this tree and on OLD_SRC (main's src/); ~250 s
 #   bash benchmarks/gpu_final.sh d256-bwd   # branch wide-pipe's gate: the d256 backward GPU tests, then its sweep
@@ -210,10 +211,15 @@ case ${1:-tests} in
       -p no:benchmark -n "${WORKERS:-12}" --timeout=150 tests/test_gluon.py -m gpu \
       -k "fused or deterministic or backward or same_bits or replay or by_default" > "$OUT/tests-fused.log" 2>&1
     step timeout 150 python3 benchmarks/probes/fused_bwd.py --api > "$OUT/fused-probe.log" 2>&1
-    step env timeout 90 python3 -m flashtile bench --headdims 128 --seqlens 1k 4k 16k --modes bwd \
-      --providers flashtile sdpa-cudnn sdpa-flash --json "$OUT/bench-fused.json" > "$OUT/bench-fused.log" 2>&1
+    # The bench with the fused kernel forced (auto leaves it off until hopper.FUSED_UNDER_AUTO),
+    # then the race checker on it (its warpgroups share K's buffer and the dS buffers). 8 files.
+    step env FLASHTILE_GLUON_BWD_FUSED=1 timeout 90 python3 -m flashtile bench --headdims 128 --seqlens 1k 4k 16k \
+      --modes bwd --providers flashtile sdpa-cudnn sdpa-flash --json "$OUT/bench-fused.json" > "$OUT/bench-fused.log" 2>&1
+    step env timeout 120 compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_gluon_bwd.py \
+      --headdim 128 --fused > "$OUT/racecheck-fused.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-fused.log"; grep -v "Warn\|leaked\|nanobind\|skipped remainder" "$OUT/fused-probe.log"
-    grep -A14 "bwd: TFLOP" "$OUT/bench-fused.log"; cat "$OUT/times.txt" ;;
+    grep -A14 "bwd: TFLOP" "$OUT/bench-fused.log"; grep -E "RACECHECK SUMMARY|sanitize:" "$OUT/racecheck-fused.log"
+    cat "$OUT/times.txt" ;;
   gluon-all)
     # ~220 tests; session 9 ran the forward's part in 175 s and the backward's in 41 s on 8 workers.
     OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider \
