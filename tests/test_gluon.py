@@ -671,3 +671,38 @@ def test_flashtile_info_says_whether_the_fused_backward_can_run(monkeypatch):
         monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", has_reduce)
         available, why = hopper.availability()
         assert available and words in why, why
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@NEEDS_FUSED
+def test_gpu_fused_backward_replays_from_a_cuda_graph(fused_backward_calls):
+    # The fused backward allocates and zeroes its float32 dQ sum on every call; captured in a CUDA
+    # graph and replayed on new inputs, its gradients must still meet the oracle's tolerance (not
+    # bit for bit: the sum's order is free).
+    q, k, v, dout = (torch.randn(1, 777, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+    def step():
+        out = flashtile.attention(*leaves)
+        return torch.autograd.grad(out, leaves, dout)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # builds the kernels outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for buffer in (*leaves, dout):
+        buffer.detach().copy_(torch.randn_like(buffer))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert fused_backward_calls, "the step did not take the fused backward"
+    exact = [t.detach().double().requires_grad_() for t in leaves]
+    plain = [t.detach().clone().requires_grad_() for t in leaves]
+    expected = torch.autograd.grad(flashtile.naive_attention(*exact, upcast=True), exact, dout.double())
+    baseline = torch.autograd.grad(flashtile.naive_attention(*plain, upcast=False), plain, dout)
+    for name, got, e, p in zip(("dq", "dk", "dv"), captured, expected, baseline):
+        assert_close_to_oracle(name, got, e, p, grad=True)
