@@ -223,9 +223,8 @@ def falls_back(error: BaseException, q: torch.Tensor, *, backward: bool, causal:
     if key not in _FAILED:
         _FAILED.add(key)
         name = _switch(backward)
-        reason = (str(error).strip().splitlines() or [""])[0][:200]
         warnings.warn(f"flashtile: the Gluon {key[0]} kernel (head dim {key[1]}, {str(key[2])[6:]}, causal={causal}) "
-                      f"failed to build with triton {triton.__version__} ({type(error).__name__}: {reason}); these "
+                      f"failed to build with triton {triton.__version__} ({_error_line(error)}); these "
                       f"calls run the Triton kernels from now on. {name}=0 skips the Gluon kernels, {name}=1 makes "
                       "this an error.", RuntimeWarning, stacklevel=4)
     return True
@@ -421,15 +420,7 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
         try:
             return _fused_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile)
         except Exception as error:  # a kernel that cannot be built here: the seven-product one instead
-            if _fused_falls_back(error, head_dim, q.dtype, causal):
-                pass
-            elif setting(name=FUSED_SWITCH) == "1" and _is_build_error(error):
-                # Not a build error to falls_back: under FLASHTILE_GLUON_BWD=auto it would send
-                # the call to Triton and mark the seven-product kernels broken for this shape.
-                raise FusedBackwardError(f"{FUSED_SWITCH}=1: the five-product backward (head dim {head_dim}) failed "
-                                         f"to build with triton {triton.__version__}: {type(error).__name__}: "
-                                         f"{(str(error).strip().splitlines() or [''])[0][:300]}") from error
-            else:
+            if not _fused_falls_back(error, head_dim, q.dtype, causal):
                 raise
     _seven_product_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile)
 
@@ -476,18 +467,31 @@ def _is_build_error(error: BaseException) -> bool:
     return isinstance(error, BUILD_ERRORS) or (type(error) is RuntimeError and _PASS_FAILURE in str(error))
 
 
+def _error_line(error: BaseException, limit: int = 200) -> str:
+    """``error``'s type and the first line of its message, for a warning or a wrapping error."""
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:limit]}"
+
+
 def _fused_falls_back(error: BaseException, head_dim: int, dtype: torch.dtype, causal: bool) -> bool:
     """Whether a fused launch that raised ``error`` should run the seven-product kernels: under
-    auto, when the kernel could not be built (as falls_back, for this kernel alone)."""
-    if setting(name=FUSED_SWITCH) != "auto" or not _is_build_error(error):
+    auto, when the kernel could not be built (as falls_back, for this kernel alone; one warning).
+    Under 1 such an error becomes a FusedBackwardError, which falls_back does not take for a
+    build error of the whole Gluon backward (under FLASHTILE_GLUON_BWD=auto it would otherwise
+    send the call to Triton and mark the seven-product kernels broken for this shape)."""
+    if not _is_build_error(error):
+        return False
+    choice = setting(name=FUSED_SWITCH)
+    if choice == "1":
+        raise FusedBackwardError(f"{FUSED_SWITCH}=1: the five-product backward (head dim {head_dim}) failed to "
+                                 f"build with triton {triton.__version__}: {_error_line(error, 300)}") from error
+    if choice != "auto":
         return False
     key = (head_dim, dtype, causal)
     if key not in _FUSED_FAILED:
         _FUSED_FAILED.add(key)
-        reason = (str(error).strip().splitlines() or [""])[0][:200]
         warnings.warn(f"flashtile: the five-product Gluon backward (head dim {head_dim}, {str(dtype)[6:]}, "
-                      f"causal={causal}) failed to build with triton {triton.__version__} ({type(error).__name__}: "
-                      f"{reason}); these calls run the seven-product kernels from now on. {FUSED_SWITCH}=0 skips it, "
+                      f"causal={causal}) failed to build with triton {triton.__version__} ({_error_line(error)}); "
+                      f"these calls run the seven-product kernels from now on. {FUSED_SWITCH}=0 skips it, "
                       f"{FUSED_SWITCH}=1 makes this an error.", RuntimeWarning, stacklevel=5)
     return True
 
