@@ -509,6 +509,20 @@ def test_gpu_by_default_gluon_runs_where_it_was_measured_faster(monkeypatch):
     assert hopper._FAILED == set(), "a Gluon kernel failed to build and fell back to Triton"
 
 
+def _captured(step):
+    """(a CUDA graph of ``step()``, the tensors the captured step returned): run once on a side
+    stream first, so that the kernels are built outside the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    return graph, captured
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -527,14 +541,7 @@ def test_gpu_forward_and_backward_replay_from_a_cuda_graph(monkeypatch, head_dim
         out = flashtile.attention(*leaves, causal=True)
         return (out, *torch.autograd.grad(out, leaves, dout))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up: builds the kernels outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = _captured(step)
     for _ in range(2):
         for buffer in (*leaves, dout):
             buffer.detach().copy_(torch.randn_like(buffer))
@@ -687,14 +694,7 @@ def test_gpu_fused_backward_replays_from_a_cuda_graph(fused_backward_calls):
         out = flashtile.attention(*leaves)
         return torch.autograd.grad(out, leaves, dout)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # builds the kernels outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = _captured(step)
     for buffer in (*leaves, dout):
         buffer.detach().copy_(torch.randn_like(buffer))
     graph.replay()
