@@ -53,6 +53,13 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/gpu.txt"
 # step CMD...: run it and log its wall time to times.txt (the budget of each call is planned from these)
 step() { local start=$SECONDS; "$@"; echo "$((SECONDS - start)) s  ${*:2:6}" >> "$OUT/times.txt"; }
+# use_carried_triton VERSION: unpack the Triton that tools/triton_parts.sh carried here and put it
+# first on PYTHONPATH for the rest of the mode (its version appended to gpu.txt); exits on failure.
+use_carried_triton() {
+  bash tools/triton_parts.sh unpack "$1" > "$OUT/triton-unpack.log" 2>&1 || { cat "$OUT/triton-unpack.log"; exit 1; }
+  export TRITON_BACKENDS_IN_TREE=1 PYTHONPATH=$PWD/.triton-parts/$1/site:$PWD/src
+  python3 -c "import triton; print('triton', triton.__version__)" >> "$OUT/gpu.txt"
+}
 case ${1:-tests} in
   tests)
     # Results stream to report.tsv as each test ends (tools/stream_report.py), so a run cut
@@ -152,9 +159,7 @@ case ${1:-tests} in
     # tools/triton_parts.sh (its comment says how; the last carrying call runs this mode): unpack,
     # every Gluon GPU test, then the five-product backward against the seven-product one; ~450 s.
     version=${TRITON_VERSION:-3.9.0}
-    bash tools/triton_parts.sh unpack "$version" > "$OUT/triton-unpack.log" 2>&1 || { cat "$OUT/triton-unpack.log"; exit 1; }
-    export TRITON_BACKENDS_IN_TREE=1 PYTHONPATH=$PWD/.triton-parts/$version/site:$PWD/src
-    python3 -c "import triton; print('triton', triton.__version__)" >> "$OUT/gpu.txt"
+    use_carried_triton "$version"
     OMP_NUM_THREADS=2 PYTHONPATH=$PYTHONPATH:$PWD timeout "${TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider \
       -p no:benchmark -n "${WORKERS:-12}" --timeout=200 tests/test_gluon.py -m gpu > "$OUT/tests-gluon-$version.log" 2>&1
     step timeout 200 python3 benchmarks/probes/fused_bwd.py > "$OUT/five-product-$version.log" 2>&1
@@ -204,9 +209,7 @@ case ${1:-tests} in
     # parts (tools/triton_parts.sh). Flex is left out of the bench: torch.compile is not
     # expected to work with a Triton newer than torch's own.
     version=${TRITON_VERSION:-3.9.0}
-    bash tools/triton_parts.sh unpack "$version" > "$OUT/triton-unpack.log" 2>&1 || { cat "$OUT/triton-unpack.log"; exit 1; }
-    export TRITON_BACKENDS_IN_TREE=1 PYTHONPATH=$PWD/.triton-parts/$version/site:$PWD/src
-    python3 -c "import triton; print('triton', triton.__version__)" >> "$OUT/gpu.txt"
+    use_carried_triton "$version"
     OMP_NUM_THREADS=2 PYTHONPATH=$PYTHONPATH:$PWD timeout "${TEST_LIMIT:-170}" python3 -m pytest -q -p no:cacheprovider \
       -p no:benchmark -n "${WORKERS:-12}" --timeout=150 tests/test_gluon.py -m gpu \
       -k "fused or deterministic or backward or same_bits or replay or by_default" > "$OUT/tests-fused.log" 2>&1
