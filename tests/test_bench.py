@@ -305,6 +305,9 @@ def test_environment_sets_its_names_for_the_block_and_puts_each_back(monkeypatch
         os.environ["FLASHTILE_TEST_OTHER"] = "set inside"  # not one of its names: kept
     assert os.environ["FLASHTILE_TEST_SET"] == "before" and "FLASHTILE_TEST_UNSET" not in os.environ
     assert os.environ.pop("FLASHTILE_TEST_OTHER") == "set inside"
+    with environment({"FLASHTILE_TEST_SET": None}):  # None: unset for the block (errors table rows)
+        assert "FLASHTILE_TEST_SET" not in os.environ
+    assert os.environ["FLASHTILE_TEST_SET"] == "before"
     # the cold-cache switch of `flashtile bench`: three caches in one new directory, then as before
     monkeypatch.setenv("TRITON_CACHE_DIR", "/tmp/kept")
     monkeypatch.delenv("FLASHTILE_CACHE_DIR", raising=False)

@@ -18,15 +18,15 @@ After changing a row, or when an error message changes on purpose, refresh the d
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from flashtile.bench.environ import environment
 
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
@@ -356,24 +356,6 @@ ROWS = [
 # Running a row and rendering the table.
 
 
-@contextlib.contextmanager
-def environment(env: tuple):
-    saved = {name: os.environ.get(name) for name, _ in env}
-    try:
-        for name, value in env:
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def namespace() -> dict:
     names: dict = {}
     torch.manual_seed(0)
@@ -384,7 +366,7 @@ def namespace() -> dict:
 def run(row: Row):
     """Evaluate the row's call; returns (exception or None, namespace after the call)."""
     names = namespace()
-    with environment(row.env):
+    with environment(dict(row.env)):
         try:
             names["out"] = eval(row.call, names)  # noqa: S307
         except Exception as error:  # noqa: BLE001 - the point is to catch what the call raises
