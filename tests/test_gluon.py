@@ -355,8 +355,7 @@ def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_sam
 
     monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD_FUSED", raising=False)
-    assert not hopper.FUSED_UNDER_AUTO and not takes()  # until the fixed kernel has run on a GPU
-    monkeypatch.setattr(hopper, "FUSED_UNDER_AUTO", True)  # the rule auto follows then
+    assert hopper.FUSED_UNDER_AUTO  # on since the epilogue's barrier ran on the H200 (session 13)
     assert takes() and takes(seqlen_k=1024) and takes(causal=True) and not takes(seqlen_k=4096, causal=True)
     assert not takes(head_dim=64) and not takes(head_dim=256)  # d64 not ahead; no d256 kernel
     assert not takes(deterministic=True)

@@ -16,7 +16,7 @@ Where Triton's Gluon has TMA reductions (3.8 and newer), the backward at head di
 can run gluon_bwd_fused.py's one kernel of five products per tile pair, dQ added in float32 in
 the order the CTAs reach it, instead of gluon_bwd.py's two kernels of seven, every output with
 one writer. ``FLASHTILE_GLUON_BWD_FUSED`` chooses among the Gluon backwards the same way (auto,
-1, 0; auto does not take it yet: FUSED_UNDER_AUTO says why); a call that asks for a deterministic
+1, 0; auto takes it at d128 where fused_measured_faster says); a call that asks for a deterministic
 backward (``deterministic=True``, or ``torch.use_deterministic_algorithms(True)``) always gets the
 seven-product kernels.
 
@@ -357,12 +357,13 @@ STATS_ROWS = 128  # LSE and D rows padded to a multiple of both kernels' BLOCK_M
 BWD_FUSED = {128: (64, 128, 2), 64: (64, 128, 2)}
 FUSED_SWITCH = "FLASHTILE_GLUON_BWD_FUSED"
 _TMA_ROWS = 2 ** 31
-# Whether auto takes the fused backward where fused_measured_faster says. Off until its current
-# kernel has passed the GPU grid: the barrier that a review of session 12 added to its epilogue
-# (the faster warpgroup staged dK in K's buffer while the other's last dQ product could still
-# read it) was written after the session's GPU time ran out; the kernel measured and tested on
-# the H200 is the one before it. FLASHTILE_GLUON_BWD_FUSED=1 runs it meanwhile.
-FUSED_UNDER_AUTO = False
+# Whether auto takes the fused backward where fused_measured_faster says. Off in session 12, when
+# a review found a race in its epilogue after the GPU time ran out (the faster warpgroup staged dK
+# in K's buffer while the other's last dQ product could still read it) and added a barrier
+# meeting; on since session 13 ran the kernel with that barrier on the H200 under Triton 3.9: its
+# GPU tests (256 passed), the oracle check and timings of probes/fused_bwd.py, and a racecheck
+# whose hazards are all in code Triton generates (benchmarks/results/2026-11-30-h200-session13).
+FUSED_UNDER_AUTO = True
 _FUSED_FAILED: set = set()  # (head dim, dtype, causal) whose fused kernel failed to build here
 
 
@@ -371,8 +372,12 @@ def fused_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
     triton 3.9, bf16, 16k tokens, CUDA graphs of the kernels, benchmarks/probes/fused_bwd.py;
     TFLOP/s at 1k / 2k / 4k / 8k / 16k): d128 non-causal 446 / 517 / 526 / 541 / 540 against
     406 / 459 / 470 / 465 / 472; causal 310 / 390 / 449 / 478 / 515 against 328 / 402 / 463 /
-    451 / 489, so causal from 8k keys. d64 is within 2% from 4k and up to 6% slower below
-    (non-causal): never under auto."""
+    451 / 489, so causal from 8k keys. Session 13 (the kernel with the epilogue's barrier):
+    446 / 518 / 542 / 551 / 544 against 417 / 466 / 464 / 468 / 471, causal 310 / 392 / 454 /
+    486 / 515 against 329 / 406 / 465 / 450 / 479. Through flashtile.attention the causal call
+    was 1.00-1.33x the seven-product one at every length in both sessions (fewer kernels behind
+    the host path), but the kernels alone decide here, for callers who capture CUDA graphs. d64
+    is within 4% from 4k and up to 6% slower below: never under auto."""
     return head_dim == 128 and (not causal or seqlen_k >= 8192)
 
 
