@@ -22,6 +22,10 @@
 #                                        # its GPU tests and the seven-product ones, probes/fused_bwd.py,
 #                                        # flashtile bench d128 (fused forced) beside cuDNN and FA2, then
 #                                        # racecheck of the fused kernel; ~450 s
+#   bash benchmarks/gpu_final.sh fast-launch  # probes/fast_launch.py (host time, compiled-kernel path on/off),
+#                                        # the whole speed grid with Flex, the d40 padded rows; ~400 s
+#   bash benchmarks/gpu_final.sh launch39   # under Triton 3.9 (carried as for fused39): Gluon backward GPU tests,
+#                                        # probes/fast_launch.py, the fused kernel's d64 tile sweep; ~350 s
 #   bash benchmarks/gpu_final.sh fwd-ab     # a Gluon forward branch's gate (fwd-ffma): forward GPU tests, then the
 #                                        # forward sweep on this tree and on OLD_SRC (main's src/); ~250 s
 #   bash benchmarks/gpu_final.sh d256-bwd   # branch wide-pipe's gate: the d256 backward GPU tests, then its sweep
@@ -223,6 +227,28 @@ case ${1:-tests} in
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-fused.log"; grep -v "Warn\|leaked\|nanobind\|skipped remainder" "$OUT/fused-probe.log"
     grep -A14 "bwd: TFLOP" "$OUT/bench-fused.log"; grep -E "RACECHECK SUMMARY|sanitize:" "$OUT/racecheck-fused.log"
     cat "$OUT/times.txt" ;;
+  fast-launch)
+    # kernels/fast_launch.py: host time of short calls with the compiled-kernel path on and off
+    # (outputs compared bit for bit first), the whole speed grid (docs/performance.md's table and
+    # the README plot), then the d40 backward's Triton row that session 12's run did not reach.
+    step timeout 200 python3 benchmarks/probes/fast_launch.py > "$OUT/fast-launch.log" 2>&1
+    step timeout 300 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k 4k 16k \
+      --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    step timeout 90 python3 benchmarks/probes/padded_head_dims.py --headdims 40 > "$OUT/padded-d40.log" 2>&1
+    cat "$OUT/gpu.txt"; grep -v "Warn\|warn" "$OUT/fast-launch.log"; grep -v "Warn" "$OUT/bench.log" | tail -60
+    grep -v "Warn" "$OUT/padded-d40.log" | tail -12; cat "$OUT/times.txt" ;;
+  launch39)
+    # Under Triton 3.9 (carried as for fused39): the Gluon backward's GPU tests through
+    # kernels/fast_launch.py, its host-time A/B, then the fused kernel's d64 tile sweep.
+    use_carried_triton "${TRITON_VERSION:-3.9.0}"
+    OMP_NUM_THREADS=2 PYTHONPATH=$PYTHONPATH:$PWD timeout "${TEST_LIMIT:-170}" python3 -m pytest -q -p no:cacheprovider \
+      -p no:benchmark -n "${WORKERS:-12}" --timeout=150 tests/test_gluon.py -m gpu \
+      -k "fused or deterministic or backward or same_bits or replay or by_default" > "$OUT/tests-gluon39.log" 2>&1
+    step timeout 120 python3 benchmarks/probes/fast_launch.py --headdims 128 64 > "$OUT/fast-launch39.log" 2>&1
+    step timeout 150 python3 benchmarks/probes/fused_bwd.py --headdims 64 --tiles 64,128,2 64,128,3 128,128,2 \
+      > "$OUT/fused-d64-tiles.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-gluon39.log"; grep -v "Warn\|warn" "$OUT/fast-launch39.log"
+    grep -v "Warn\|warn\|leaked\|nanobind\|skipped remainder" "$OUT/fused-d64-tiles.log"; cat "$OUT/times.txt" ;;
   gluon-all)
     # ~220 tests; session 9 ran the forward's part in 175 s and the backward's in 41 s on 8 workers.
     OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider \

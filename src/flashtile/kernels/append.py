@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import fast_launch
 from .configs import interpreting
 
 
@@ -72,7 +73,8 @@ def append_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     table = block_table.contiguous() if block_table is not None else lengths  # dummy unless PAGED
     block_d = triton.next_power_of_2(head_dim)
     block_h = min(triton.next_power_of_2(heads_kv), max(1, 4096 // block_d))  # <= 4096 elements a copy
-    _append_kv_kernel[(batch * seqlen_new,)](
+    fast_launch.launch(
+        _append_kv_kernel, (batch * seqlen_new,),
         k, v, k_cache, v_cache, lengths, batch_idx, table,
         *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
         table.stride(0) if block_table is not None else 0, seqlen_new, heads_kv, head_dim,

@@ -8,6 +8,7 @@ import torch
 import triton
 
 from ..masks import Band
+from . import fast_launch
 from .configs import interpreting
 from .decode import _combine_splits_kernel, _decode_kernel
 from .launch import _alibi_args, _dot_precision, _padded_head_dim, _qk_scale
@@ -100,7 +101,8 @@ def decode_attention_triton(
     dummy = seqlens_k
     alibi, stride_ab, stride_ah = _alibi_args(alibi_slopes, dummy)
     grid = (num_splits, batch * heads_kv, m_blocks)
-    _decode_kernel[grid](
+    fast_launch.launch(
+        _decode_kernel, grid,
         q, k_cache, v_cache, out, lse, seqlens_k,
         cache_batch_idx if cache_batch_idx is not None else dummy,
         cache_leftpad if cache_leftpad is not None else dummy,
@@ -131,7 +133,8 @@ def combine_splits(out_parts: torch.Tensor, lse_parts: torch.Tensor, dtype: torc
     splits, batch, seqlen_q, heads_q, head_dim = out_parts.shape
     out = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device=out_parts.device)
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=out_parts.device)
-    _combine_splits_kernel[(batch * seqlen_q * heads_q,)](
+    fast_launch.launch(
+        _combine_splits_kernel, (batch * seqlen_q * heads_q,),
         out_parts, lse_parts, out, lse,
         out_parts.stride(0), out_parts.stride(1), out_parts.stride(2), out_parts.stride(3),
         lse_parts.stride(0), lse_parts.stride(1), lse_parts.stride(2),

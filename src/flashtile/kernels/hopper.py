@@ -41,7 +41,7 @@ except ImportError:  # an older Triton: no Gluon kernels run there anyway (_gluo
 
 from ..backends import compute_capability, cuda_index, interpreting
 from ..masks import Band
-from . import tma
+from . import fast_launch, tma
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
@@ -323,7 +323,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     block_n, num_stages = _config(head_dim, seqlen_k)
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
     num_m_blocks = triton.cdiv(seqlen_q, BLOCK_M)
-    gluon_fwd._fwd_pingpong_kernel[(num_m_blocks * batch * heads_q,)](
+    fast_launch.launch(
+        gluon_fwd._fwd_pingpong_kernel, (num_m_blocks * batch * heads_q,),
         _tile_descriptor(q, BLOCK_M // 2, head_dim), _tile_descriptor(k, block_n, head_dim),
         _tile_descriptor(v, block_n, head_dim), _tile_descriptor(out, BLOCK_M // 2, head_dim),
         lse, lse.stride(0), lse.stride(1), heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
@@ -446,7 +447,8 @@ def _fused_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, d
     box = (block_m, head_dim // 2)
     dq_acc_desc = _descriptor(dq_acc, box, _sum_layout(box))
     num_n_blocks = triton.cdiv(seqlen_k, block_n)
-    gluon_bwd_fused._dkdv_dq_kernel[(num_n_blocks * batch * heads_kv,)](
+    fast_launch.launch(
+        gluon_bwd_fused._dkdv_dq_kernel, (num_n_blocks * batch * heads_kv,),
         tile(q, block_m), tile(dout, block_m), tile(k, block_n // 2), tile(v, block_n // 2), tile(dk, block_n // 2),
         tile(dv, block_n // 2), _stats(lse2, block_m), _stats(delta, block_m), dq_acc_desc,
         heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, s_pad,
@@ -455,7 +457,8 @@ def _fused_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, d
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
     )
     rows = 64
-    gluon_bwd_fused._dq_convert[(batch * heads_q, triton.cdiv(seqlen_q, rows))](
+    fast_launch.launch(
+        gluon_bwd_fused._dq_convert, (batch * heads_q, triton.cdiv(seqlen_q, rows)),
         dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), heads_q, seqlen_q, dq.shape[3], s_pad, softmax_scale,
         HEAD_DIM=head_dim, BLOCK=rows,
     )
@@ -514,7 +517,8 @@ def _seven_product_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, d
         dkdv_kernel, kv_rows, wide = gluon_bwd_wide._dkdv_wide_kernel, block_n, dict(P_BUFFERS=WIDE_P_BUFFERS)
     else:  # each warpgroup its half of the CTA's keys, both gradients
         dkdv_kernel, kv_rows, wide = gluon_bwd._dkdv_kernel, block_n // 2, {}
-    dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
+    fast_launch.launch(
+        dkdv_kernel, (num_n_blocks * batch * heads_kv,),
         tile(q, block_m), tile(dout, block_m), tile(k, kv_rows), tile(v, kv_rows), tile(dk, kv_rows),
         tile(dv, kv_rows),
         _stats(lse2, block_m), _stats(delta, block_m), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks,
@@ -524,7 +528,8 @@ def _seven_product_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, d
     )
     block_m, block_n, stages = BWD_DQ[head_dim]
     num_m_blocks = triton.cdiv(seqlen_q, block_m)
-    gluon_bwd._dq_kernel[(num_m_blocks * batch * heads_q,)](
+    fast_launch.launch(
+        gluon_bwd._dq_kernel, (num_m_blocks * batch * heads_q,),
         tile(q, block_m // 2), tile(dout, block_m // 2), tile(k, block_n), tile(v, block_n), tile(dq, block_m // 2),
         lse2, delta, lse2.stride(0),
         heads_q, group, seqlen_q, seqlen_k, num_m_blocks, qk_scale, softmax_scale,

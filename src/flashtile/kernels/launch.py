@@ -15,7 +15,7 @@ import triton
 from triton.runtime.errors import OutOfResources
 
 from ..masks import Band
-from . import autotune, hopper, tma
+from . import autotune, fast_launch, hopper, tma
 from .bwd import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
 from .configs import backward_configs, forward_config
 from .padding import fill_rows_outside
@@ -224,7 +224,8 @@ def attention_forward_triton(
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
         descriptors, (desc_k, desc_v) = tma.launch_tiles(use_tma, (k, v), cfg.BLOCK_N, head_dim_padded,
                                                          cfg.num_stages)
-        _fwd_kernel[(num_m_blocks * batch * heads_q,)](
+        fast_launch.launch(
+            _fwd_kernel, (num_m_blocks * batch * heads_q,),
             q, k, v, out, lse, alibi, bias_ptr, cu_q, cu_k, *mask_ptrs, score_buf, desc_k, desc_v,
             *_batch_stride(q, varlen), *_batch_stride(k, varlen), *_batch_stride(v, varlen),
             *_batch_stride(out, varlen), stride_ab, stride_ah, *bias_strides, *_lse_strides(lse, varlen),
@@ -262,7 +263,8 @@ def gluon_backward_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tenso
     lse2 = torch.empty(batch * heads_q, s_pad, dtype=torch.float32, device=out.device)
     delta = torch.empty_like(lse2)
     num_m_pre = s_pad // PREPROCESS_ROWS
-    _bwd_preprocess[(num_m_pre * batch * heads_q,)](
+    fast_launch.launch(
+        _bwd_preprocess, (num_m_pre * batch * heads_q,),
         out, dout, dlse if dlse is not None else lse, delta, lse, lse, lse2,
         *out.stride(), *dout.stride(), lse.stride(0), lse.stride(1), s_pad,
         heads_q, seqlen_q, num_m_pre,
@@ -366,7 +368,8 @@ def attention_backward_triton(
     qk_scale = _qk_scale(softmax_scale, softcap)
 
     num_m_pre = triton.cdiv(seqlen_q, PREPROCESS_ROWS)
-    _bwd_preprocess[(num_m_pre * batch * heads_q,)](
+    fast_launch.launch(
+        _bwd_preprocess, (num_m_pre * batch * heads_q,),
         out, dout, dlse if dlse is not None else delta, delta, cu_q, lse, delta,
         *_batch_stride(out, varlen), *_batch_stride(dout, varlen), *lse_strides, 0,
         heads_q, seqlen_q, num_m_pre,
@@ -380,7 +383,8 @@ def attention_backward_triton(
         num_n_blocks = triton.cdiv(seqlen_k, cfg.BLOCK_N)
         descriptors, (desc_q, desc_do) = tma.launch_tiles(use_tma, (q, dout), cfg.BLOCK_M, head_dim_padded,
                                                           cfg.num_stages)
-        _bwd_dkdv_kernel[(num_n_blocks * batch * heads_kv,)](
+        fast_launch.launch(
+            _bwd_dkdv_kernel, (num_n_blocks * batch * heads_kv,),
             q, k, v, dout, lse, delta, dk, dv, alibi, bias_ptr, cu_q, cu_k, *q_lists, score_buf, desc_q, desc_do,
             *strides, *_batch_stride(dk, varlen), *_batch_stride(dv, varlen), stride_ab, stride_ah,
             *bias_strides, *lse_strides, *q_list_strides, heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k,
@@ -394,7 +398,8 @@ def attention_backward_triton(
         num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
         descriptors, (desc_k, desc_v) = tma.launch_tiles(use_tma, (k, v), cfg.BLOCK_N, head_dim_padded,
                                                          cfg.num_stages)
-        _bwd_dq_kernel[(num_m_blocks * batch * heads_q,)](
+        fast_launch.launch(
+            _bwd_dq_kernel, (num_m_blocks * batch * heads_q,),
             q, k, v, dout, lse, delta, dq, alibi, bias_ptr, dbias_full, cu_q, cu_k, *kv_lists, score_buf,
             desc_k, desc_v,
             *strides, *_batch_stride(dq, varlen), stride_ab, stride_ah,

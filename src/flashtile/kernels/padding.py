@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import fast_launch
 from .configs import interpreting
 
 _PROGRAMS = 128  # enough to write a long tail quickly; with no padding each exits at once
@@ -48,7 +49,8 @@ def fill_rows_outside(x: torch.Tensor, cu_seqlens: torch.Tensor, value: float) -
     block_c = min(512, triton.next_power_of_2(cols))
     block_r = max(1, 4096 // block_c)
     programs = 1 if interpreting() else min(_PROGRAMS, triton.cdiv(total, block_r))
-    _fill_rows_outside_kernel[(programs,)](
+    fast_launch.launch(
+        _fill_rows_outside_kernel, (programs,),
         x, cu_seqlens, cu_seqlens.shape[0] - 1, total, cols, x.stride(0), x.stride(1), float(value),
         BLOCK_R=block_r, BLOCK_C=block_c, num_warps=1 if interpreting() else 4,
     )

@@ -1,0 +1,122 @@
+"""Launching a kernel Triton has already built, without ``JITFunction.run``'s per-call binding.
+
+``kernel[grid](*args, **constexprs)`` specialises every argument on every call (each int by
+value class, each tensor by dtype and alignment, each descriptor by element type, block and
+layout), turns that into a cache key, finds the compiled kernel, checks the globals the kernel
+read, and only then launches. For the Hopper backward's three launches that was about a third
+of a 16 × 1k call's host time on the H200 (session 12's profile, docs/performance.md), and at
+that size the host path is as long as the kernels.
+
+``launch`` keeps, per kernel, the compiled kernel Triton returned for a key that is finer than
+Triton's own specialisation (ints and bools by value, floats by type, tensors by dtype and
+16-byte alignment, descriptors by tensor dtype, shape, strides, block, layout and alignment,
+the constexprs and the device), so a hit can only find the binary Triton itself would have
+picked. A miss, or an argument of a kind not listed here, takes the ordinary ``kernel[grid]``
+path. A hit launches through ``CompiledKernel[grid]``, which builds the descriptors' TMA maps
+and calls the launcher as Triton's own run does (launch hooks included).
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import torch
+import triton
+
+try:
+    from triton.compiler import CompiledKernel
+except ImportError:  # a Triton without it: every launch takes kernel[grid]
+    CompiledKernel = None
+
+# False: every launch takes kernel[grid] (probes/fast_launch.py times both ways). Also set when a
+# compiled kernel's launch API differs from the one written against (Triton 3.6 to 3.9).
+ENABLED = True
+_COMPILED: dict = {}
+_COMPILED_MAX = 1024  # keys differ by shape: a long-running process with many shapes starts over
+_TAIL_NAMES: dict = {}  # kernel -> its parameters' names and defaults, for a hit's argument list
+
+
+class _Unkeyable(Exception):
+    """An argument this module cannot key safely: the call takes Triton's own path."""
+
+
+def _arg_key(arg):
+    """What of one launch argument can change the compiled kernel, or finer."""
+    if arg is None:  # (a constexpr None to Triton)
+        return None
+    if isinstance(arg, (bool, int)):
+        return (type(arg), arg)
+    if isinstance(arg, float):
+        return float
+    if isinstance(arg, torch.Tensor):
+        return (arg.dtype, arg.data_ptr() % 16 == 0)
+    base = getattr(arg, "base", None)
+    if isinstance(base, torch.Tensor) and hasattr(arg, "block_shape"):  # a tensor descriptor
+        return (type(arg), base.dtype, base.data_ptr() % 16 == 0, tuple(arg.shape), tuple(arg.strides),
+                tuple(arg.block_shape), getattr(arg, "layout", None), getattr(arg, "padding", None),
+                getattr(arg, "round_f32_to_tf32", None))
+    raise _Unkeyable
+
+
+def _parameters(kernel) -> tuple:
+    """The kernel's parameter names and defaults, in order."""
+    names = _TAIL_NAMES.get(kernel)
+    if names is None:
+        signature = inspect.signature(kernel.fn)
+        names = tuple((name, p.default) for name, p in signature.parameters.items())
+        _TAIL_NAMES[kernel] = names
+    return names
+
+
+def _fills_every_parameter(kernel, positional: int, constexprs: dict) -> bool:
+    """Whether ``args`` and ``constexprs`` give every parameter of the kernel a value (or it has a
+    default): not so for a kernel behind triton.heuristics or triton.autotune, which add
+    parameters of their own choosing on each call, so such a kernel keeps Triton's path."""
+    return all(name in constexprs or default is not inspect.Parameter.empty
+               for name, default in _parameters(kernel)[positional:])
+
+
+def launch(kernel, grid: tuple, *args, **constexprs) -> None:
+    """``kernel[grid](*args, **constexprs)``, through the compiled kernel once Triton has built it
+    for an equal key. ``grid``: a tuple of 1 to 3 ints; ``constexprs``: the parameters after
+    ``args``, by name (constexprs, num_warps), with ints, bools or strings as values."""
+    if not ENABLED:
+        kernel[grid](*args, **constexprs)
+        return
+    # (Before CUDA's first use, e.g. on a machine without a GPU where tests stub the kernels, no
+    # launch has happened on any device, so -1 cannot stand for a device a binary was loaded on.)
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else -1
+    try:
+        key = (kernel, device, tuple(map(_arg_key, args)), tuple(constexprs.items()))
+        compiled = _COMPILED.get(key)
+    except (_Unkeyable, TypeError):  # (TypeError: a constexpr value that cannot be hashed)
+        key = compiled = None
+    if compiled is not None:
+        grid3 = (*grid, 1, 1)[:3]
+        rest = [constexprs[name] if name in constexprs else default
+                for name, default in _parameters(kernel)[len(args):]]
+        try:
+            compiled[grid3](*args, *rest)
+            return
+        except (TypeError, AttributeError) as error:  # a Triton whose CompiledKernel launches otherwise
+            _give_up(error)
+    result = kernel[grid](*args, **constexprs)
+    if hasattr(result, "result"):  # a Triton that compiles asynchronously returns a future
+        result = result.result()
+    if key is not None and CompiledKernel is not None and isinstance(result, CompiledKernel) \
+            and _fills_every_parameter(kernel, len(args), constexprs):
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.clear()
+        _COMPILED[key] = result
+
+
+def _give_up(error: BaseException) -> None:
+    """Turn the compiled-kernel path off for this process, with one warning: this Triton's
+    CompiledKernel does not launch as written here (its arguments were not taken, so nothing ran)."""
+    global ENABLED
+    ENABLED = False
+    _COMPILED.clear()
+    warnings.warn(f"flashtile: launching compiled kernels directly failed with triton {triton.__version__} "
+                  f"({type(error).__name__}: {str(error)[:200]}); every launch takes Triton's own path from now on",
+                  RuntimeWarning, stacklevel=3)

@@ -1,0 +1,151 @@
+"""kernels/fast_launch.py: when a launch may reuse the compiled kernel Triton returned, and when it
+must go through ``kernel[grid]`` again. Triton's objects are stood in for by fakes that record
+which path each call took (the GPU suite runs the real kernels through it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from flashtile.kernels import fast_launch
+
+
+class _FakeCompiled:
+    """A compiled kernel: compiled[grid](*every_parameter) records the launch."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __getitem__(self, grid):
+        return lambda *args: self.calls.append(("compiled", grid, args))
+
+
+class _FakeJit:
+    """kernel[grid](*args, **constexprs) as Triton's JITFunction: records the call, returns a
+    compiled kernel (one object per distinct specialisation would be Triton's; one will do)."""
+
+    def __init__(self):
+        self.calls = []
+        self.compiled = _FakeCompiled(self.calls)
+
+        def fn(x, n, scale, BLOCK, DEFAULTED=7):  # the kernel's parameters, as inspect sees them
+            pass
+
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        def run(*args, **constexprs):
+            self.calls.append(("jit", grid, args, constexprs))
+            return self.compiled
+        return run
+
+
+@dataclass
+class _FakeDescriptor:
+    base: torch.Tensor
+    shape: list
+    strides: list
+    block_shape: list
+    layout: str
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    monkeypatch.setattr(fast_launch, "CompiledKernel", _FakeCompiled)
+    monkeypatch.setattr(fast_launch, "_COMPILED", {})
+    monkeypatch.setattr(fast_launch, "ENABLED", True)
+    return _FakeJit()
+
+
+def _paths(kernel):
+    return [call[0] for call in kernel.calls]
+
+
+def test_a_repeated_launch_reuses_the_compiled_kernel_with_every_parameter_in_order(kernel):
+    x = torch.randn(64)
+    fast_launch.launch(kernel, (3,), x, 100, 0.5, BLOCK=64)
+    y = torch.randn(64)  # another tensor, same dtype and alignment
+    fast_launch.launch(kernel, (3,), y, 100, 0.25, BLOCK=64)
+    assert _paths(kernel) == ["jit", "compiled"]
+    _, grid, args = kernel.calls[1]
+    assert grid == (3, 1, 1)  # the runner indexes three grid dims
+    assert args[0] is y and args[1:] == (100, 0.25, 64, 7)  # the default filled in by name
+
+
+@pytest.mark.parametrize("change", ["int", "constexpr", "dtype", "alignment", "grid-only"])
+def test_anything_that_can_change_the_binary_goes_back_to_triton(kernel, change):
+    x = torch.randn(64)
+    fast_launch.launch(kernel, (3,), x, 96, 0.5, BLOCK=64)
+    args, constexprs, grid = [x, 96, 0.5], dict(BLOCK=64), (3,)
+    if change == "int":
+        args[1] = 97  # Triton specialises ints by divisibility by 16 (and 1, and width)
+    elif change == "constexpr":
+        constexprs["BLOCK"] = 128
+    elif change == "dtype":
+        args[0] = x.half()
+    elif change == "alignment":
+        args[0] = torch.randn(65)[1:]  # 4 bytes past a 16-byte boundary
+    else:
+        grid = (5,)  # the grid is not part of the binary
+    fast_launch.launch(kernel, grid, *args, **constexprs)
+    assert _paths(kernel) == ["jit", "compiled" if change == "grid-only" else "jit"]
+
+
+def test_descriptors_are_keyed_by_shape_strides_block_and_layout(kernel):
+    t = torch.randn(4, 64)
+
+    def descriptor(tensor, block=(16, 64), layout="swizzle128"):
+        return _FakeDescriptor(tensor, list(tensor.shape), list(tensor.stride()), list(block), layout)
+
+    fast_launch.launch(kernel, (1,), descriptor(t), 1, 1.0, BLOCK=16)
+    fast_launch.launch(kernel, (1,), descriptor(torch.randn(4, 64)), 1, 1.0, BLOCK=16)  # same key
+    fast_launch.launch(kernel, (1,), descriptor(t, block=(32, 64)), 1, 1.0, BLOCK=16)
+    fast_launch.launch(kernel, (1,), descriptor(t, layout="swizzle64"), 1, 1.0, BLOCK=16)
+    fast_launch.launch(kernel, (1,), descriptor(torch.randn(8, 128)[:, :64]), 1, 1.0, BLOCK=16)  # strides
+    assert _paths(kernel) == ["jit", "compiled", "jit", "jit", "jit"]
+
+
+def test_an_argument_it_cannot_key_always_takes_triton(kernel):
+    for arg in ((1, 2), (1, 2)):  # a tuple argument: Triton specialises each member; not keyed here
+        fast_launch.launch(kernel, (1,), arg, 1, 1.0, BLOCK=16)
+    assert _paths(kernel) == ["jit", "jit"] and not fast_launch._COMPILED
+
+
+def test_none_is_keyed_as_triton_reads_it(kernel):
+    for _ in range(2):  # (None, e.g. an absent descriptor, is a constexpr None to Triton)
+        fast_launch.launch(kernel, (1,), None, 1, 1.0, BLOCK=16)
+    assert _paths(kernel) == ["jit", "compiled"]
+
+
+def test_what_triton_did_not_compile_is_not_kept(kernel):
+    kernel.compiled = object()  # e.g. a test's stub kernel, which returns no compiled kernel
+    x = torch.randn(64)
+    for _ in range(2):
+        fast_launch.launch(kernel, (1,), x, 1, 1.0, BLOCK=16)
+    assert _paths(kernel) == ["jit", "jit"] and not fast_launch._COMPILED
+
+
+def test_a_compiled_kernel_that_launches_otherwise_turns_the_path_off_with_a_warning(kernel):
+    class _OtherApi(_FakeCompiled):
+        def __getitem__(self, grid):
+            raise AttributeError("'CompiledKernel' object has no attribute 'run'")
+
+    kernel.compiled = _OtherApi(kernel.calls)
+    fast_launch.CompiledKernel = _OtherApi  # (the fixture restores the module's name)
+    x = torch.randn(64)
+    fast_launch.launch(kernel, (1,), x, 1, 1.0, BLOCK=16)
+    with pytest.warns(RuntimeWarning, match="launching compiled kernels directly failed"):
+        fast_launch.launch(kernel, (1,), x, 1, 1.0, BLOCK=16)  # the hit fails: Triton's path launches it
+    fast_launch.launch(kernel, (1,), x, 1, 1.0, BLOCK=16)
+    assert _paths(kernel) == ["jit", "jit", "jit"] and not fast_launch.ENABLED
+
+
+def test_a_kernel_given_parameters_by_a_wrapper_keeps_tritons_path(kernel):
+    # triton.heuristics / triton.autotune fill in parameters the caller does not pass (here BLOCK):
+    # the compiled kernel's argument list could not be completed from the call.
+    x = torch.randn(64)
+    for _ in range(2):
+        fast_launch.launch(kernel, (1,), x, 1, 1.0)
+    assert _paths(kernel) == ["jit", "jit"] and not fast_launch._COMPILED
