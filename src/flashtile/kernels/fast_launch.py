@@ -14,6 +14,12 @@ the constexprs and the device), so a hit can only find the binary Triton itself 
 picked. A miss, or an argument of a kind not listed here, takes the ordinary ``kernel[grid]``
 path. A hit launches through ``CompiledKernel[grid]``, which builds the descriptors' TMA maps
 and calls the launcher as Triton's own run does (launch hooks included).
+
+What a hit skips: Triton's check that the globals a kernel read are unchanged (flashtile's are
+constants), and the per-call reading of Triton's debug settings (``TRITON_DEBUG``,
+instrumentation): set those before the first launch, or turn this path off (``ENABLED``).
+On the H200 (session 13) a Gluon forward launch took 51 µs of host instead of 61 (triton 3.6;
+53 against 64 with 3.9; probes/fast_launch.py).
 """
 
 from __future__ import annotations
