@@ -6,9 +6,9 @@ address: head dims 64, 128 and 256, forward and backward. Every other call runs 
 kernels. ``FLASHTILE_GLUON`` (forward) and ``FLASHTILE_GLUON_BWD`` (backward) choose:
 
 - ``auto`` (the default): Gluon where the H200 measured it faster than the Triton kernels
-  (docs/performance.md, sessions 9 to 12): the forward at head dims 128 and 256, and at 64 from
-  4k keys; the backward at 64, 128 and 256; of the head dims run padded, 96 and 192 both ways
-  (the d192 causal forward from 4k keys) and the d40 forward;
+  (docs/performance.md, sessions 9 to 13): the forward at head dims 128 and 256, and at 64 from
+  4k keys; the backward at 64, 128 and 256; of the head dims run padded, 40, 96 and 192 both
+  ways (the d192 causal forward from 4k keys);
 - ``1``: Gluon for every call it covers (the tests use this to reach every shape);
 - ``0``: never.
 
@@ -16,7 +16,7 @@ Where Triton's Gluon has TMA reductions (3.8 and newer), the backward at head di
 can run gluon_bwd_fused.py's one kernel of five products per tile pair, dQ added in float32 in
 the order the CTAs reach it, instead of gluon_bwd.py's two kernels of seven, every output with
 one writer. ``FLASHTILE_GLUON_BWD_FUSED`` chooses among the Gluon backwards the same way (auto,
-1, 0; auto takes it at d128 where fused_measured_faster says); a call that asks for a deterministic
+1, 0; auto takes it at d64 and d128 where fused_measured_faster says); a call that asks for a deterministic
 backward (``deterministic=True``, or ``torch.use_deterministic_algorithms(True)``) always gets the
 seven-product kernels.
 
@@ -107,14 +107,14 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool, causal: bool =
     forward 418 / 512 / 478, 302 / 443 / 461 against 279 / 340 / 361, 215 / 286 / 333, backward
     326 / 371 / 366, 255 / 350 / 362 against 247 / 300 / 310, 171 / 246 / 281; d192 forward
     466 / 520 / 514, 165 / 473 / 523 against 278 / 340 / 340, 207 / 292 / 345 (so causal from
-    4k keys), backward about twice Triton's; d40 forward 151-286 against 55-85. The d40
-    backward's Triton row was not reached in that run: not under auto yet. Other padded head
-    dims (e.g. 80, 160) have not been timed."""
+    4k keys), backward about twice Triton's; d40 forward 151-286 against 55-85. Session 13,
+    d40 backward 200 / 252 / 263, 144 / 222 / 246 against 60 / 69 / 72, 44 / 62 / 69. Other
+    padded head dims (e.g. 80, 160) have not been timed."""
     if head_dim in KERNEL_HEAD_DIMS:
         return backward or head_dim in (128, 256) or seqlen_k >= 4096
     if head_dim == 192 and not backward:
         return not causal or seqlen_k >= 4096
-    return head_dim == 96 or head_dim == 192 or (head_dim == 40 and not backward)
+    return head_dim in (40, 96, 192)
 
 
 @functools.lru_cache(maxsize=None)
@@ -352,10 +352,13 @@ BWD_DQ = {128: (128, 128, 2), 64: (128, 64, 3), 256: (128, 32, 2)}
 WIDE_P_BUFFERS = 2
 STATS_ROWS = 128  # LSE and D rows padded to a multiple of both kernels' BLOCK_M (dQ 128, dK/dV 64 or 128)
 
-# The five-product backward (gluon_bwd_fused.py), (BLOCK_M, BLOCK_N, stages): the tiles of the
-# probe it came from (attempt 30; docs/performance.md). Its dQ sum is (B·Hq·S_pad, D) float32
+# The five-product backward (gluon_bwd_fused.py), (BLOCK_M, BLOCK_N, stages): d128 the tiles of
+# the probe it came from (attempt 30; docs/performance.md); d64 128-row Q tiles, half the dQ
+# reductions per key of 64-row ones: session 13's sweep (probes/fused_bwd.py --tiles, triton
+# 3.9, CUDA graphs), non-causal 357-459 TFLOP/s at 1k-16k against 334-413 with 64 rows in 2
+# stages and 327-412 in 3 (attempt 38). Its dQ sum is (B·Hq·S_pad, D) float32
 # rows that TMA addresses with 32-bit coordinates.
-BWD_FUSED = {128: (64, 128, 2), 64: (64, 128, 2)}
+BWD_FUSED = {128: (64, 128, 2), 64: (128, 128, 2)}
 FUSED_SWITCH = "FLASHTILE_GLUON_BWD_FUSED"
 _TMA_ROWS = 2 ** 31
 # Whether auto takes the fused backward where fused_measured_faster says. Off in session 12, when
@@ -377,8 +380,12 @@ def fused_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
     446 / 518 / 542 / 551 / 544 against 417 / 466 / 464 / 468 / 471, causal 310 / 392 / 454 /
     486 / 515 against 329 / 406 / 465 / 450 / 479. Through flashtile.attention the causal call
     was 1.00-1.33x the seven-product one at every length in both sessions (fewer kernels behind
-    the host path), but the kernels alone decide here, for callers who capture CUDA graphs. d64
-    is within 4% from 4k and up to 6% slower below: never under auto."""
+    the host path), but the kernels alone decide here, for callers who capture CUDA graphs.
+    d64 (session 13, 128-row Q tiles, BWD_FUSED): 357 / 408 / 440 / 448 / 459 against 349 / 391 /
+    392 / 398 / 402, causal 241 / 313 / 370 / 405 / 435 against 251 / 315 / 355 / 378 / 388, so
+    causal from 4k keys (with attempt 36's 64-row tiles it was within 4%, never ahead)."""
+    if head_dim == 64:
+        return not causal or seqlen_k >= 4096
     return head_dim == 128 and (not causal or seqlen_k >= 8192)
 
 
