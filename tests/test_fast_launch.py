@@ -54,6 +54,7 @@ class _FakeDescriptor:
 @pytest.fixture
 def kernel(monkeypatch):
     monkeypatch.setattr(fast_launch, "CompiledKernel", _FakeCompiled)
+    monkeypatch.setattr(fast_launch, "JITFunction", _FakeJit)
     monkeypatch.setattr(fast_launch, "_COMPILED", {})
     monkeypatch.setattr(fast_launch, "ENABLED", True)
     return _FakeJit()
@@ -74,13 +75,20 @@ def test_a_repeated_launch_reuses_the_compiled_kernel_with_every_parameter_in_or
     assert args[0] is y and args[1:] == (100, 0.25, 64, 7)  # the default filled in by name
 
 
-@pytest.mark.parametrize("change", ["int", "constexpr", "dtype", "alignment", "grid-only"])
+@pytest.mark.parametrize("change", ["int", "int-value", "one", "wide", "constexpr", "dtype", "alignment",
+                                    "grid-only"])
 def test_anything_that_can_change_the_binary_goes_back_to_triton(kernel, change):
     x = torch.randn(64)
     fast_launch.launch(kernel, (3,), x, 96, 0.5, BLOCK=64)
     args, constexprs, grid = [x, 96, 0.5], dict(BLOCK=64), (3,)
     if change == "int":
         args[1] = 97  # Triton specialises ints by divisibility by 16 (and 1, and width)
+    elif change == "int-value":
+        args[1] = 112  # another multiple of 16: the same binary, the value passed at launch
+    elif change == "one":
+        args[1] = 1  # a constant to Triton
+    elif change == "wide":
+        args[1] = 2 ** 32  # 64-bit
     elif change == "constexpr":
         constexprs["BLOCK"] = 128
     elif change == "dtype":
@@ -90,7 +98,7 @@ def test_anything_that_can_change_the_binary_goes_back_to_triton(kernel, change)
     else:
         grid = (5,)  # the grid is not part of the binary
     fast_launch.launch(kernel, grid, *args, **constexprs)
-    assert _paths(kernel) == ["jit", "compiled" if change == "grid-only" else "jit"]
+    assert _paths(kernel) == ["jit", "compiled" if change in ("grid-only", "int-value") else "jit"]
 
 
 def test_descriptors_are_keyed_by_shape_strides_block_and_layout(kernel):
@@ -149,3 +157,51 @@ def test_a_kernel_given_parameters_by_a_wrapper_keeps_tritons_path(kernel):
     for _ in range(2):
         fast_launch.launch(kernel, (1,), x, 1, 1.0)
     assert _paths(kernel) == ["jit", "jit"] and not fast_launch._COMPILED
+
+
+def test_ints_with_one_key_are_one_specialisation_of_the_installed_triton():
+    # The key reads ints as Triton does (1, divisible by 16, 32/64-bit): a Triton that
+    # specialised on more would make a hit run a binary built for another class of value.
+    libtriton = pytest.importorskip("triton._C.libtriton")
+    from triton.backends.compiler import BaseBackend
+
+    def triton_class(x):
+        return libtriton.native_specialize_impl(BaseBackend, x, False, True, True)
+
+    values = [0, 1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 48, 64, 96, 100, 128, 1000, 1024, 4096, 65535, 65536,
+              2 ** 31 - 16, 2 ** 31 - 1, 2 ** 31, 2 ** 31 + 16, 2 ** 40 + 3, 2 ** 62, 2 ** 63 - 1, 2 ** 63,
+              -1, -16, -17, -(2 ** 31), -(2 ** 31) - 1]
+    seen = {}
+    for x in values:
+        seen.setdefault(fast_launch._arg_key(x), set()).add(triton_class(x))
+    assert all(len(classes) == 1 for classes in seen.values()), seen
+
+
+def test_a_kernel_behind_autotune_or_heuristics_keeps_tritons_path(kernel):
+    class _Wrapped(_FakeJit):  # e.g. triton.heuristics: .fn is the inner kernel, (*args, **kwargs)
+        pass
+
+    wrapped = _Wrapped()
+    fast_launch.JITFunction = type("OnlyPlainJit", (), {})  # (the fixture restores the module's name)
+    x = torch.randn(64)
+    for _ in range(2):
+        fast_launch.launch(wrapped, (1,), x, 1, 1.0, BLOCK=16)
+    assert _paths(wrapped) == ["jit", "jit"] and not fast_launch._COMPILED
+
+
+def test_with_a_launch_hook_an_error_of_the_launch_is_raised_not_launched_again(kernel, monkeypatch):
+    class _HookFails(_FakeCompiled):
+        def __getitem__(self, grid):
+            def run(*args):
+                self.calls.append(("compiled", grid, args))
+                raise TypeError("the exit hook's own error, after the kernel ran")
+            return run
+
+    kernel.compiled = _HookFails(kernel.calls)
+    fast_launch.CompiledKernel = _HookFails
+    monkeypatch.setattr(fast_launch, "_launch_hooks", lambda: True)
+    x = torch.randn(64)
+    fast_launch.launch(kernel, (1,), x, 1, 1.0, BLOCK=16)
+    with pytest.raises(TypeError, match="exit hook"):
+        fast_launch.launch(kernel, (1,), x, 1, 1.0, BLOCK=16)
+    assert _paths(kernel) == ["jit", "compiled"] and fast_launch.ENABLED

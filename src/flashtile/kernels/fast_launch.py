@@ -7,17 +7,22 @@ read, and only then launches. For the Hopper backward's three launches that was 
 of a 16 × 1k call's host time on the H200 (session 12's profile, docs/performance.md), and at
 that size the host path is as long as the kernels.
 
-``launch`` keeps, per kernel, the compiled kernel Triton returned for a key that is finer than
-Triton's own specialisation (ints and bools by value, floats by type, tensors by dtype and
-16-byte alignment, descriptors by tensor dtype, shape, strides, block, layout and alignment,
-the constexprs and the device), so a hit can only find the binary Triton itself would have
-picked. A miss, or an argument of a kind not listed here, takes the ordinary ``kernel[grid]``
-path. A hit launches through ``CompiledKernel[grid]``, which builds the descriptors' TMA maps
-and calls the launcher as Triton's own run does (launch hooks included).
+``launch`` keeps, per kernel, the compiled kernel Triton returned for a key at least as fine as
+Triton's own specialisation (ints by what Triton reads of them: equal to 1, a multiple of 16,
+32- or 64-bit; bools by value, floats by type, tensors by dtype and 16-byte alignment,
+descriptors by tensor dtype, shape, strides, block, layout and alignment, the constexprs and
+the device), so a hit can only find the binary Triton itself would have picked
+(tests/test_fast_launch.py checks the ints' classes against the installed Triton's). A miss, an
+argument of a kind not listed here, or a kernel behind triton.autotune or triton.heuristics
+(which choose parameters per call) takes the ordinary ``kernel[grid]`` path. A hit launches
+through ``CompiledKernel[grid]``, which builds the descriptors' TMA maps and calls the launcher
+as Triton's own run does (launch hooks included).
 
 What a hit skips: Triton's check that the globals a kernel read are unchanged (flashtile's are
-constants), and the per-call reading of Triton's debug settings (``TRITON_DEBUG``,
-instrumentation): set those before the first launch, or turn this path off (``ENABLED``).
+constants, and mask and score functions are compiled from copies), pre-run hooks, and the
+per-call reading of Triton's compilation settings (``TRITON_DEBUG``, instrumentation, the
+sanitizer's casts, stage-inspection hooks): set those before the first launch, or turn this
+path off (``ENABLED``).
 On the H200 (session 13) a Gluon forward launch took 51 µs of host instead of 61 (triton 3.6;
 53 against 64 with 3.9; probes/fast_launch.py).
 """
@@ -32,8 +37,9 @@ import triton
 
 try:
     from triton.compiler import CompiledKernel
-except ImportError:  # a Triton without it: every launch takes kernel[grid]
-    CompiledKernel = None
+    from triton.runtime.jit import JITFunction
+except ImportError:  # a Triton without them: every launch takes kernel[grid]
+    CompiledKernel = JITFunction = None
 
 # False: every launch takes kernel[grid] (probes/fast_launch.py times both ways). Also set when a
 # compiled kernel's launch API differs from the one written against (Triton 3.6 to 3.9).
@@ -51,8 +57,13 @@ def _arg_key(arg):
     """What of one launch argument can change the compiled kernel, or finer."""
     if arg is None:  # (a constexpr None to Triton)
         return None
-    if isinstance(arg, (bool, int)):
-        return (type(arg), arg)
+    if isinstance(arg, bool):
+        return (bool, arg)
+    if isinstance(arg, int):  # Triton: 1 is a constant; otherwise i32, i64 or u64, and divisible by 16 or not
+        if arg == 1:
+            return (int, 1)
+        width = 32 if -2 ** 31 <= arg < 2 ** 31 else 64 if -2 ** 63 <= arg < 2 ** 63 else 65
+        return (int, width, arg % 16 == 0)
     if isinstance(arg, float):
         return float
     if isinstance(arg, torch.Tensor):
@@ -106,15 +117,26 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
             compiled[grid3](*args, *rest)
             return
         except (TypeError, AttributeError) as error:  # a Triton whose CompiledKernel launches otherwise
+            if _launch_hooks():  # a hook's own error may come after the launch: never launch twice
+                raise
             _give_up(error)
     result = kernel[grid](*args, **constexprs)
     if hasattr(result, "result"):  # a Triton that compiles asynchronously returns a future
         result = result.result()
     if key is not None and CompiledKernel is not None and isinstance(result, CompiledKernel) \
-            and _fills_every_parameter(kernel, len(args), constexprs):
+            and isinstance(kernel, JITFunction) and _fills_every_parameter(kernel, len(args), constexprs):
         if len(_COMPILED) >= _COMPILED_MAX:
             _COMPILED.clear()
         _COMPILED[key] = result
+
+
+def _launch_hooks() -> bool:
+    """Whether a launch hook (a profiler's) is installed: then an error of a launch may be the
+    hook's, raised after the kernel ran."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    hooks = (getattr(runtime, "launch_enter_hook", None), getattr(runtime, "launch_exit_hook", None))
+    # (Triton 3.6+ keeps each as a HookChain, empty unless something added a hook to it.)
+    return any(hook is not None and getattr(hook, "calls", True) for hook in hooks)
 
 
 def _give_up(error: BaseException) -> None:
