@@ -205,3 +205,19 @@ def test_with_a_launch_hook_an_error_of_the_launch_is_raised_not_launched_again(
     with pytest.raises(TypeError, match="exit hook"):
         fast_launch.launch(kernel, (1,), x, 1, 1.0, BLOCK=16)
     assert _paths(kernel) == ["jit", "compiled"] and fast_launch.ENABLED
+
+
+@pytest.mark.skipif(__import__("flashtile.kernels.hopper", fromlist=["_gluon"])._gluon() is None,
+                    reason="this Triton has no Gluon Hopper descriptors")
+def test_hoppers_descriptors_carry_one_launch_key_per_template():
+    from flashtile.kernels import hopper
+
+    q = torch.randn(2, 300, 4, 128, dtype=torch.bfloat16).transpose(1, 2)
+    first, again = hopper._tile_descriptor(q, 64), hopper._tile_descriptor(q.clone().transpose(1, 2).contiguous()
+                                                                           .transpose(1, 2), 64)
+    other_box, other_view = hopper._tile_descriptor(q, 128), hopper._tile_descriptor(q.contiguous(), 64)
+    token = getattr(first, fast_launch.LAUNCH_KEY)
+    assert getattr(again, fast_launch.LAUNCH_KEY) is token  # same shape, strides, box and layout
+    assert getattr(other_box, fast_launch.LAUNCH_KEY) is not token
+    assert getattr(other_view, fast_launch.LAUNCH_KEY) is not token  # other strides
+    assert fast_launch._arg_key(first) == (token, True)

@@ -301,7 +301,11 @@ def _descriptor(t: torch.Tensor, box: tuple, layout):
         template = object.__new__(type(descriptor))
         template.__dict__.update(descriptor.__dict__)
         template.base = None  # the cache keeps no tensor alive
+        # What fast_launch keys this descriptor's launches by (besides its base's alignment):
+        # an object of its own per template, which the copies carry.
+        setattr(template, fast_launch.LAUNCH_KEY, object())
         _DESCRIPTOR_TEMPLATES[key] = template
+        setattr(descriptor, fast_launch.LAUNCH_KEY, getattr(template, fast_launch.LAUNCH_KEY))
     return descriptor
 
 
