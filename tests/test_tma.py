@@ -106,3 +106,19 @@ def test_gpu_descriptor_path(descriptors, dtype, headdim, causal):
     grads = torch.autograd.grad(out, (q, k, v), dout)
     assert len(descriptors) == 3, "forward, dK/dV and dQ each take the descriptor path"
     assert_grads_match_oracle(out, grads, q, k, v, dout, causal=causal)
+
+
+def test_the_layout_check_reads_each_tensors_start_and_strides():
+    base = torch.randn(2, 64, 4, 64, dtype=torch.bfloat16)
+    bhsd = base.transpose(1, 2)  # strides (16384, 64, 256, 1): rows of 128 bytes
+    assert tma.layout_addressable(bhsd)
+    # Same shape and strides, a start 2 bytes on: the remembered shape part must not answer for it.
+    shifted = torch.randn(2 * 64 * 4 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 64, 4, 64).transpose(1, 2)
+    assert shifted.shape == bhsd.shape and shifted.stride() == bhsd.stride()
+    assert not tma.layout_addressable(shifted)
+    rows_120_bytes = torch.randn(2, 64, 4, 60, dtype=torch.bfloat16).transpose(1, 2)
+    assert not tma.layout_addressable(rows_120_bytes)  # a stride of 120 bytes: not a multiple of 16
+    assert tma.layout_addressable(base[..., :60].transpose(1, 2))  # fewer columns, rows still 128 bytes
+    assert not tma.layout_addressable(base.transpose(2, 3))  # last stride not 1
+    assert not tma.layout_addressable(base[:1].expand(2, -1, -1, -1))  # a zero stride over 2 entries
+    assert tma.layout_addressable(base[:1].expand(1, -1, -1, -1))  # one entry: its stride is not read
