@@ -44,8 +44,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import (accumulator_layout, key_tile_of_program, q_tile_of_program, stream_kv_tiles, stream_q_tiles,
-                           tma_load, tma_store)
+from .gluon_common import (accumulator_layout, init_q_ring_barriers, key_tile_of_program, q_ring_barriers,
+                           q_ring_buffers, q_tile_of_program, stream_kv_tiles, stream_q_tiles, tma_load, tma_store)
 
 
 
@@ -178,26 +178,16 @@ def _dkdv_kernel(
     """
     gl.static_assert(num_warps == 4)
     HALF_N: gl.constexpr = BLOCK_N // 2
-    dtype: gl.constexpr = q_desc.dtype
     batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
         gl.program_id(0), num_n_blocks, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_N, HEAD_DIM], v_desc.layout)
-    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], lse_desc.layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], delta_desc.layout)
+    q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem = q_ring_buffers(
+        q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, HALF_N, HEAD_DIM, NUM_STAGES, True)
     kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_ready, do_ready, empty = q_ring_barriers(NUM_STAGES)
     for i in gl.static_range(2):
         mbarrier.init(kv_ready.index(i), count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+    init_q_ring_barriers(q_ready, do_ready, empty, NUM_STAGES)
     fence_async_shared()
 
     gl.warp_specialize([

@@ -32,8 +32,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import (accumulator_layout, key_tile_of_program, partition_barrier, stream_q_tiles, tma_load,
-                           tma_store)
+from .gluon_common import (accumulator_layout, init_q_ring_barriers, key_tile_of_program, partition_barrier,
+                           q_ring_barriers, q_ring_buffers, stream_q_tiles, tma_load, tma_store)
 
 
 @gluon.jit
@@ -190,16 +190,11 @@ def _dkdv_wide_kernel(
     """
     gl.static_assert(num_warps == 4)
     gl.static_assert(BLOCK_N == 64)
-    dtype: gl.constexpr = q_desc.dtype
     batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
         gl.program_id(0), num_n_blocks, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], lse_desc.layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], delta_desc.layout)
+    q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem = q_ring_buffers(
+        q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, False)
     # Pᵀ in float32, as the accumulator holds it: both warpgroups share the accumulator
     # layout, so each thread reads back what its twin wrote. A warp's store covers 8 rows of
     # 8 columns (4 threads a row); unswizzled, rows 256 bytes apart fall on the same 8 banks.
@@ -210,18 +205,13 @@ def _dkdv_wide_kernel(
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     v_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_ready, do_ready, empty = q_ring_barriers(NUM_STAGES)
     p_full = gl.allocate_shared_memory(gl.int64, [P_BUFFERS, 1], mbarrier.MBarrierLayout())
     p_empty = gl.allocate_shared_memory(gl.int64, [P_BUFFERS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
     mbarrier.init(v_free, count=1)
     mbarrier.init(k_free, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+    init_q_ring_barriers(q_ready, do_ready, empty, NUM_STAGES)
     for i in gl.static_range(P_BUFFERS):
         mbarrier.init(p_full.index(i), count=1)
         mbarrier.init(p_empty.index(i), count=1)

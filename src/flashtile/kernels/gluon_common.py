@@ -96,6 +96,47 @@ def key_tile_of_program(pid, num_n_blocks, heads_kv, seqlen_q, seqlen_k, BLOCK_M
 
 
 @gluon.jit
+def q_ring_buffers(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M: gl.constexpr,
+                   KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                   KV_HALVES: gl.constexpr):
+    """The dK/dV kernels' tiles in shared memory, allocated in this order: the Q-side ring's Q
+    and dO (NUM_STAGES slots of BLOCK_M rows), the CTA's K and V (two halves of KV_ROWS rows
+    under KV_HALVES, one per consumer warpgroup, else one tile), the ring's LSE and D rows."""
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
+    if KV_HALVES:
+        k_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, KV_ROWS, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, KV_ROWS, HEAD_DIM], v_desc.layout)
+    else:
+        k_smem = gl.allocate_shared_memory(dtype, [1, 1, KV_ROWS, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [1, 1, KV_ROWS, HEAD_DIM], v_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], lse_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, BLOCK_M], delta_desc.layout)
+    return q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem
+
+
+@gluon.jit
+def q_ring_barriers(NUM_STAGES: gl.constexpr):
+    """The Q-side ring's barriers (q_ready, do_ready, empty), NUM_STAGES of each, allocated;
+    init_q_ring_barriers initialises them."""
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    return q_ready, do_ready, empty
+
+
+@gluon.jit
+def init_q_ring_barriers(q_ready, do_ready, empty, NUM_STAGES: gl.constexpr):
+    """A slot's Q and dO land on their own barriers (the TMA unit arrives); it is empty once
+    both consumer warpgroups have arrived."""
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+
+
+@gluon.jit
 def stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready,
                    empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
                    BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
