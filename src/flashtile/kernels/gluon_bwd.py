@@ -72,6 +72,21 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
 
 
 @gluon.jit
+def transposed_probabilities(s, lse_smem, slot, keys, key_first, m_start, shift, qk_scale, KEY_ROWS: gl.constexpr,
+                             BLOCK_M: gl.constexpr, col_layout: gl.constexpr, CAUSAL: gl.constexpr):
+    """Pᵀ = exp2(Sᵀ·qk_scale − lse2) of a dK/dV step: ``s`` its KEY_ROWS keys (from ``key_first``;
+    ``keys`` their indices) × BLOCK_M queries (from ``m_start``), lse2 the ring's row in ``slot``;
+    under CAUSAL (bottom-right, ``shift`` = Sk − Sq) masked only where the tile crosses the diagonal."""
+    lse2 = lse_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
+    s = s * qk_scale - lse2[None, :]
+    if CAUSAL:  # mask only tiles that cross the diagonal: some key > some query + shift
+        if key_first + KEY_ROWS - 1 > m_start + shift:
+            queries = m_start + gl.arange(0, BLOCK_M, layout=col_layout)
+            s = gl.where(keys[:, None] <= (queries + shift)[None, :], s, -float("inf"))
+    return gl.exp2(s)
+
+
+@gluon.jit
 def _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, dv, s_zero, keys, key_first, m_start,
                shift, qk_scale, ds_out, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
                CAUSAL: gl.constexpr, STORE_DS: gl.constexpr):
@@ -89,13 +104,8 @@ def _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, 
     s = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     dp = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(1, deps=(s, ))
-    lse2 = lse_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
-    s = s * qk_scale - lse2[None, :]
-    if CAUSAL:  # mask only tiles that cross the diagonal: some key > some query + shift
-        if key_first + HALF_N - 1 > m_start + shift:
-            queries = m_start + gl.arange(0, BLOCK_M, layout=col_layout)
-            s = gl.where(keys[:, None] <= (queries + shift)[None, :], s, -float("inf"))
-    p = gl.exp2(s)
+    p = transposed_probabilities(s, lse_smem, slot, keys, key_first, m_start, shift, qk_scale, HALF_N, BLOCK_M,
+                                 col_layout, CAUSAL)
     p16 = gl.convert_layout(p.to(dtype), a_layout, assert_trivial=True)
     dv = warpgroup_mma(p16, do_tile, dv, is_async=True)
     dp = warpgroup_mma_wait(1, deps=(dp, ))  # S^T, dP^T done; dV may still run

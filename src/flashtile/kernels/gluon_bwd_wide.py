@@ -32,6 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
+from .gluon_bwd import transposed_probabilities
 from .gluon_common import (accumulator_layout, init_q_ring_barriers, key_tile_of_program, partition_barrier,
                            q_ring_barriers, q_ring_buffers, stream_q_tiles, tma_load, tma_store)
 
@@ -83,13 +84,8 @@ def _dv_consumer(q_smem, do_smem, k_smem, v_smem, lse_smem, p_smem, kv_ready, q_
         buffer = it % P_BUFFERS
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         s = warpgroup_mma_wait(0, deps=(s, ))
-        lse2 = lse_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
-        s = s * qk_scale - lse2[None, :]
-        if CAUSAL:  # mask only tiles that cross the diagonal: some key > some query + shift
-            if n_start + BLOCK_N - 1 > m_start + shift:
-                queries = m_start + gl.arange(0, BLOCK_M, layout=col_layout)
-                s = gl.where(keys[:, None] <= (queries + shift)[None, :], s, -float("inf"))
-        p = gl.exp2(s)
+        p = transposed_probabilities(s, lse_smem, slot, keys, n_start, m_start, shift, qk_scale, BLOCK_N, BLOCK_M,
+                                     col_layout, CAUSAL)
         # Pᵀ to the dK warpgroup: the slot free (a fresh barrier passes the first lap), every
         # thread's store done, then one arrival.
         mbarrier.wait(p_empty.index(buffer), ((it // P_BUFFERS) & 1) ^ 1)
