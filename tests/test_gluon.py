@@ -557,18 +557,24 @@ def test_gpu_forward_and_backward_replay_from_a_cuda_graph(monkeypatch, head_dim
 BACKWARD_GRID = GRID  # d256 on gluon_bwd_wide's dK/dV kernel
 
 
+def _check_backward_case(grid, dtype, headdim, seqlens, causal) -> None:
+    """check_case for one case of a backward grid: GQA ratio, layout and strided views rotate
+    with the case's place in ``grid``."""
+    sq, sk = seqlens
+    index = grid.index((dtype, headdim, seqlens, causal))
+    heads_q, heads_kv = [(8, 2), (4, 4), (8, 1)][index % 3]
+    layout = ["bhsd", "bshd"][(index // 3) % 2]
+    check_case(2 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q, heads_kv, headdim, dtype, causal=causal,
+               layout=layout, bhsd_as_view=index % 4 >= 2)
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon backward is built for sm_90")
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", BACKWARD_GRID,
                          ids=[_case_id(case) for case in BACKWARD_GRID])
 def test_gpu_gluon_backward_grid(gluon_backward_calls, dtype, headdim, seqlens, causal):
-    sq, sk = seqlens
-    index = BACKWARD_GRID.index((dtype, headdim, seqlens, causal))
-    heads_q, heads_kv = [(8, 2), (4, 4), (8, 1)][index % 3]
-    layout = ["bhsd", "bshd"][(index // 3) % 2]
-    check_case(2 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q, heads_kv, headdim, dtype, causal=causal,
-               layout=layout, bhsd_as_view=index % 4 >= 2)
+    _check_backward_case(BACKWARD_GRID, dtype, headdim, seqlens, causal)
     assert gluon_backward_calls, "the call did not take the Gluon backward"
 
 
@@ -636,12 +642,7 @@ NEEDS_FUSED = pytest.mark.skipif(not (ON_HOPPER and HAS_TMA_REDUCE),
 @NEEDS_FUSED
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", FUSED_GRID, ids=[_case_id(case) for case in FUSED_GRID])
 def test_gpu_fused_backward_grid(fused_backward_calls, dtype, headdim, seqlens, causal):
-    sq, sk = seqlens
-    index = FUSED_GRID.index((dtype, headdim, seqlens, causal))
-    heads_q, heads_kv = [(8, 2), (4, 4), (8, 1)][index % 3]
-    layout = ["bhsd", "bshd"][(index // 3) % 2]
-    check_case(2 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q, heads_kv, headdim, dtype, causal=causal,
-               layout=layout, bhsd_as_view=index % 4 >= 2)
+    _check_backward_case(FUSED_GRID, dtype, headdim, seqlens, causal)
     assert fused_backward_calls, "the call did not take the five-product backward"
 
 
