@@ -107,7 +107,9 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
     """``kernel[grid](*args, **constexprs)``, through the compiled kernel once Triton has built it
     for an equal key. ``grid``: a tuple of 1 to 3 ints; ``constexprs``: the parameters after
     ``args``, by name (constexprs, num_warps), with ints, bools or strings as values."""
-    if not ENABLED:
+    # Only a plain JITFunction's compiled kernel is kept: not the interpreter's functions (the CPU
+    # suite's launches, which would only pay for a key) nor a heuristics/autotune wrapper.
+    if not ENABLED or JITFunction is None or not isinstance(kernel, JITFunction):
         kernel[grid](*args, **constexprs)
         return
     # (Before CUDA's first use, e.g. on a machine without a GPU where tests stub the kernels, no
@@ -132,8 +134,7 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
     result = kernel[grid](*args, **constexprs)
     if hasattr(result, "result"):  # a Triton that compiles asynchronously returns a future
         result = result.result()
-    if key is not None and CompiledKernel is not None and isinstance(result, CompiledKernel) \
-            and isinstance(kernel, JITFunction) and _fills_every_parameter(kernel, len(args), constexprs):
+    if key is not None and isinstance(result, CompiledKernel) and _fills_every_parameter(kernel, len(args), constexprs):
         if len(_COMPILED) >= _COMPILED_MAX:
             _COMPILED.clear()
         _COMPILED[key] = result
