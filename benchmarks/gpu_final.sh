@@ -65,6 +65,16 @@ use_carried_triton() {
   export TRITON_BACKENDS_IN_TREE=1 PYTHONPATH=$PWD/.triton-parts/$1/site:$PWD/src
   python3 -c "import triton; print('triton', triton.__version__)" >> "$OUT/gpu.txt"
 }
+# gluon_tests LOG LIMIT TIMEOUT PYTEST_ARGS...: a selection of the GPU tests on $WORKERS workers (12
+# unless set), two torch threads each, the whole run under LIMIT seconds and each test under
+# TIMEOUT; its output to $OUT/LOG. (PYTHONPATH: src/, or a carried Triton's site and src/.)
+gluon_tests() {
+  OMP_NUM_THREADS=2 PYTHONPATH=$PYTHONPATH:$PWD timeout "$2" python3 -m pytest -q -p no:cacheprovider \
+    -p no:benchmark -n "${WORKERS:-12}" --timeout="$3" "${@:4}" > "$OUT/$1" 2>&1
+}
+# The backward's GPU tests the five-product kernel touches (its grid, the seven-product ones, the
+# deterministic call, CUDA-graph replay, the auto rule): fused39's and launch39's selection.
+FUSED_SELECTION="fused or deterministic or backward or same_bits or replay or by_default"
 # The whole suite no longer fits one call (session 13: 1323 of 2111 tests in 470 s on 8 workers,
 # about 5300 worker-seconds in all): tests-a runs the two heaviest files, tests-b the rest.
 HEAVY_TESTS="tests/test_kernels.py tests/test_properties.py"
@@ -165,9 +175,7 @@ case ${1:-tests} in
     step timeout "${PROBE_LIMIT:-150}" python3 benchmarks/probes/gluon_bwd/check_bwd.py > "$OUT/gluon-bwd.log" 2>&1
     # The library's path (launch.py's hook, bwd.py's preprocess, bshd views, lengths whose last
     # tile has a warpgroup's half wholly past the end): the backward grid of tests/test_gluon.py.
-    OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider \
-      -p no:benchmark -n "${WORKERS:-8}" --timeout=300 tests/test_gluon.py -m gpu -k backward \
-      > "$OUT/tests-gluon-bwd.log" 2>&1
+    WORKERS=${WORKERS:-8} gluon_tests tests-gluon-bwd.log "${TEST_LIMIT:-240}" 300 tests/test_gluon.py -m gpu -k backward
     grep -v "Warn" "$OUT/gluon-bwd.log" | tail -40; tail -3 "$OUT/tests-gluon-bwd.log"; cat "$OUT/times.txt" ;;
   triton39)
     # The Gluon kernels under a newer Triton (TRITON_VERSION, default 3.9.0) carried in parts by
@@ -175,8 +183,7 @@ case ${1:-tests} in
     # every Gluon GPU test, then the five-product backward against the seven-product one; ~450 s.
     version=${TRITON_VERSION:-3.9.0}
     use_carried_triton "$version"
-    OMP_NUM_THREADS=2 PYTHONPATH=$PYTHONPATH:$PWD timeout "${TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider \
-      -p no:benchmark -n "${WORKERS:-12}" --timeout=200 tests/test_gluon.py -m gpu > "$OUT/tests-gluon-$version.log" 2>&1
+    gluon_tests "tests-gluon-$version.log" "${TEST_LIMIT:-240}" 200 tests/test_gluon.py -m gpu
     step timeout 200 python3 benchmarks/probes/fused_bwd.py > "$OUT/five-product-$version.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-gluon-$version.log"; grep -v "Warn" "$OUT/five-product-$version.log" | tail -20
     cat "$OUT/times.txt" ;;
@@ -185,9 +192,8 @@ case ${1:-tests} in
     # folded into one FFMA per score): the forward grid, dispatch and replay tests, then
     # gluon_sweep's forward candidates as CUDA graphs on this tree and on OLD_SRC (main's src/,
     # carried); ~250 s.
-    OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-120}" python3 -m pytest -q -p no:cacheprovider \
-      -p no:benchmark -n "${WORKERS:-12}" --timeout=100 tests/test_gluon.py -m gpu \
-      -k "forward_grid or replay or by_default or leaves" > "$OUT/tests-fwd.log" 2>&1
+    gluon_tests tests-fwd.log "${TEST_LIMIT:-120}" 100 tests/test_gluon.py -m gpu \
+      -k "forward_grid or replay or by_default or leaves"
     step timeout 100 python3 benchmarks/probes/gluon_sweep.py --which fwd --headdims 128 64 256 > "$OUT/sweep-fwd.log" 2>&1
     if [[ -n "${OLD_SRC:-}" ]]; then
       echo "== OLD_SRC=$OLD_SRC" >> "$OUT/sweep-fwd.log"
@@ -199,10 +205,8 @@ case ${1:-tests} in
     # The merge gate of branch wide-pipe (the wide dK/dV kernel issuing each next tile's first
     # product before waiting): the d256 backward GPU tests, then gluon_sweep's d256 backward
     # candidates as CUDA graphs on this tree and on OLD_SRC (main's src/, carried), ~150 s.
-    OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-100}" python3 -m pytest -q -p no:cacheprovider \
-      -p no:benchmark -n "${WORKERS:-12}" --timeout=60 tests/test_gluon.py -m gpu \
-      -k "(backward_grid and d256) or (lse_gradient and 256) or (same_bits and 256) or (replay and 256)" \
-      > "$OUT/tests-d256-bwd.log" 2>&1
+    gluon_tests tests-d256-bwd.log "${TEST_LIMIT:-100}" 60 tests/test_gluon.py -m gpu \
+      -k "(backward_grid and d256) or (lse_gradient and 256) or (same_bits and 256) or (replay and 256)"
     step timeout 60 python3 benchmarks/probes/gluon_sweep.py --which bwd --headdims 256 > "$OUT/sweep-d256-bwd.log" 2>&1
     if [[ -n "${OLD_SRC:-}" ]]; then
       echo "== OLD_SRC=$OLD_SRC" >> "$OUT/sweep-d256-bwd.log"
@@ -214,9 +218,7 @@ case ${1:-tests} in
     # The merge gate of branch gluon-padded (head dims between 64, 128 and 256 on the next
     # kernel's width): the Gluon grids' d40/d96/d192 cases and the host-side tests, then
     # probes/padded_head_dims.py (oracle errors, Gluon against Triton through the API); ~200 s.
-    OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-120}" python3 -m pytest -q -p no:cacheprovider \
-      -p no:benchmark -n "${WORKERS:-12}" --timeout=100 tests/test_gluon.py -m gpu -k "d40 or d96 or d192" \
-      > "$OUT/tests-padded.log" 2>&1
+    gluon_tests tests-padded.log "${TEST_LIMIT:-120}" 100 tests/test_gluon.py -m gpu -k "d40 or d96 or d192"
     step timeout 150 python3 benchmarks/probes/padded_head_dims.py > "$OUT/padded.log" 2>&1
     tail -2 "$OUT/tests-padded.log"; grep -v "Warn" "$OUT/padded.log"; cat "$OUT/times.txt" ;;
   fused39)
@@ -225,9 +227,7 @@ case ${1:-tests} in
     # expected to work with a Triton newer than torch's own.
     version=${TRITON_VERSION:-3.9.0}
     use_carried_triton "$version"
-    OMP_NUM_THREADS=2 PYTHONPATH=$PYTHONPATH:$PWD timeout "${TEST_LIMIT:-170}" python3 -m pytest -q -p no:cacheprovider \
-      -p no:benchmark -n "${WORKERS:-12}" --timeout=150 tests/test_gluon.py -m gpu \
-      -k "fused or deterministic or backward or same_bits or replay or by_default" > "$OUT/tests-fused.log" 2>&1
+    gluon_tests tests-fused.log "${TEST_LIMIT:-170}" 150 tests/test_gluon.py -m gpu -k "$FUSED_SELECTION"
     step timeout 150 python3 benchmarks/probes/fused_bwd.py --api > "$OUT/fused-probe.log" 2>&1
     # The bench with the fused kernel forced (auto leaves it off until hopper.FUSED_UNDER_AUTO),
     # then the race checker on it (its warpgroups share K's buffer and the dS buffers). 8 files.
@@ -252,9 +252,7 @@ case ${1:-tests} in
     # Under Triton 3.9 (carried as for fused39): the Gluon backward's GPU tests through
     # kernels/fast_launch.py, its host-time A/B, then the fused kernel's d64 tile sweep.
     use_carried_triton "${TRITON_VERSION:-3.9.0}"
-    OMP_NUM_THREADS=2 PYTHONPATH=$PYTHONPATH:$PWD timeout "${TEST_LIMIT:-170}" python3 -m pytest -q -p no:cacheprovider \
-      -p no:benchmark -n "${WORKERS:-12}" --timeout=150 tests/test_gluon.py -m gpu \
-      -k "fused or deterministic or backward or same_bits or replay or by_default" > "$OUT/tests-gluon39.log" 2>&1
+    gluon_tests tests-gluon39.log "${TEST_LIMIT:-170}" 150 tests/test_gluon.py -m gpu -k "$FUSED_SELECTION"
     step timeout 40 python3 benchmarks/probes/fast_launch.py --launch-only > "$OUT/fast-launch39.log" 2>&1
     step timeout "${SWEEP_LIMIT:-150}" python3 benchmarks/probes/fused_bwd.py --headdims 64 --tiles 64,128,2 64,128,3 128,128,2 \
       > "$OUT/fused-d64-tiles.log" 2>&1
@@ -262,8 +260,7 @@ case ${1:-tests} in
     grep -v "Warn\|warn\|leaked\|nanobind\|skipped remainder" "$OUT/fused-d64-tiles.log"; cat "$OUT/times.txt" ;;
   gluon-all)
     # ~220 tests; session 9 ran the forward's part in 175 s and the backward's in 41 s on 8 workers.
-    OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider \
-      -p no:benchmark -n "${WORKERS:-12}" --timeout=300 tests/test_gluon.py -m gpu > "$OUT/tests-gluon-all.log" 2>&1
+    gluon_tests tests-gluon-all.log "${TEST_LIMIT:-300}" 300 tests/test_gluon.py -m gpu
     # The Gluon backward forced on (auto takes it at d128 at every length since session 10), so
     # these cells time the Gluon path whatever auto's rule becomes.
     step env FLASHTILE_GLUON_BWD=1 timeout 120 python3 -m flashtile bench \
