@@ -161,9 +161,8 @@ case ${1:-tests} in
   gluon)
     # Its own grid, then test_kernels.py's other GPU tests (grid limits, 2^31 elements, torch.compile,
     # opcheck, large inputs) with the switch on.
-    FLASHTILE_GLUON=1 OMP_NUM_THREADS=2 PYTHONPATH=$PWD/src:$PWD timeout "${TEST_LIMIT:-240}" python3 -m pytest -q \
-      -p no:cacheprovider -p no:benchmark -n "${WORKERS:-8}" --timeout=200 tests/test_gluon.py tests/test_kernels.py \
-      -m gpu -k "gluon_forward or (not gluon and not gpu_grid)" > "$OUT/tests-gluon.log" 2>&1
+    FLASHTILE_GLUON=1 WORKERS=${WORKERS:-8} gluon_tests tests-gluon.log "${TEST_LIMIT:-240}" 200 tests/test_gluon.py \
+      tests/test_kernels.py -m gpu -k "gluon_forward or (not gluon and not gpu_grid)"
     echo "== FLASHTILE_GLUON=1 FLASHTILE_GLUON_BWD=1" > "$OUT/speed.log"
     step env FLASHTILE_GLUON=1 FLASHTILE_GLUON_BWD=1 timeout 180 python3 benchmarks/speed_table.py --headdims 64 128 256 --seqlens 1024 4096 16384 \
       --impls flashtile sdpa-flash sdpa-cudnn --json "$OUT/speed-gluon.json" >> "$OUT/speed.log" 2>&1
