@@ -118,10 +118,12 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
              **{name: descriptor(kv_rows) for name in ("k_desc", "v_desc", "dk_desc", "dv_desc")},
              "dq_acc_desc": dq_sum.replace(" ", ""), "lse_desc": stats, "delta_desc": stats,
              "LSE": "*fp32", "LSE2": "*fp32", "Delta": "*fp32",
+             **{name: "*i32" for name in ("KvIdx", "KvPartial", "KvCount", "KvOrder", "MaskBuf")},
              "qk_scale": "fp32", "softmax_scale": "fp32"}
     signature = {p: "constexpr" if p in constexprs else typed.get(p, "i32") for p in params}
     # Pointers and the padded row stride (a multiple of 128) are 16-aligned at a launch.
-    divisible = [p for p in ("LSE", "LSE2", "Delta", "stride_lrow") if p in params]
+    divisible = [p for p in ("LSE", "LSE2", "Delta", "stride_lrow", "KvIdx", "KvPartial", "KvCount", "KvOrder",
+                             "MaskBuf") if p in params]
     src = GluonASTSource(fn=kernel, signature=signature,
                          constexprs={(params.index(k),): v for k, v in constexprs.items()},
                          attrs={(params.index(p),): [["tt.divisibility", 16]] for p in divisible})
@@ -146,6 +148,7 @@ def gluon_variants(quick: bool):
         yield (f"gluon fwd d={d} {'causal' if causal else 'full'} {dtype} s{stages}", gluon_fwd._fwd_pingpong_kernel,
                dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal, DTYPE=dtype,
                     Q_ROWS=64, KV_ROWS=block_n, **regs), 4)
+    yield from listed_variants(gluon_fwd, quick, regs)
     for d, causal, dtype in [(128, True, "bf16")] if quick else [(128, False, "bf16"), (128, True, "fp16"),
                                                                     (64, True, "bf16")]:
         (m, n, stages), (dq_m, dq_n, dq_stages) = hopper.BWD_DKDV[d], hopper.BWD_DQ[d]
@@ -175,6 +178,34 @@ def gluon_variants(quick: bool):
                hopper._fused_module()._dkdv_dq_kernel,
                dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, DTYPE=dtype, Q_ROWS=m,
                     KV_ROWS=n // 2, **regs), 4)
+
+
+def listed_variants(gluon_fwd, quick: bool, regs: dict):
+    """The block-sparse Gluon forward with masks of each kind: generated (causal), reading a
+    tensor (document ids), combined (and_masks), and a user's function."""
+    import torch
+
+    from flashtile import mask_mods
+
+    def user_mask(b, h, q_idx, kv_idx):
+        return ((q_idx // 7 + h) % 3 != 0) | (kv_idx <= q_idx)
+
+    document = mask_mods.document_mask(torch.zeros(16, dtype=torch.int32))
+    window = mask_mods.and_masks(mask_mods.causal_mask(), mask_mods.sliding_window_mask(200))
+    cases = [(128, 128, "causal", mask_mods.causal_mask(), "bf16")] if quick else [
+        (128, 128, "causal", mask_mods.causal_mask(), "bf16"), (128, 64, "document", document, "bf16"),
+        (64, 64, "user", mask_mods.mask_mod(user_mask), "fp16"), (256, 64, "causal window", window, "bf16")]
+    for d, block_n, name, mask, dtype in cases:
+        stages = hopper_listed_stages(d, block_n)
+        yield (f"gluon fwd listed d={d} n={block_n} {name} {dtype} s{stages}", gluon_fwd._fwd_listed_kernel,
+               dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=block_n, NUM_STAGES=stages, MASK_MOD=mask.triton_fn(),
+                    DTYPE=dtype, Q_ROWS=64, KV_ROWS=block_n, **regs), 4)
+
+
+def hopper_listed_stages(head_dim: int, block_n: int) -> int:
+    from flashtile.kernels import hopper
+
+    return hopper._listed_stages(head_dim, block_n, 16384)
 
 
 # The attention kernels' option flags with every option off (tile sizes and head dims apart).

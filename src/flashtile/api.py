@@ -171,6 +171,9 @@ def _register_block_mask(mask, block_mask, causal, window_size, batch, heads_q, 
         raise ValueError(f"block_mask: built for (batch, heads, seqlen_q, seqlen_k) = "
                          f"({block_mask.batch}, {block_mask.heads}, {got[0]}, {got[1]}), the call has "
                          f"({batch}, {heads_q}, {seqlen_q}, {seqlen_k})")
+    if block_mask.kv_indices.device != device:  # the kernels read its lists where they run
+        raise ValueError(f"block_mask: built on {block_mask.kv_indices.device}, q is on {device} "
+                         f"(create_block_mask(..., device=q.device))")
     if block_mask.mask.buffer is not None and block_mask.mask.buffer.device != device:
         raise ValueError(f"mask_mod: its tensor is on {block_mask.mask.buffer.device}, q on {device}")
     return register(block_mask)

@@ -98,6 +98,22 @@ class BlockMask:
         """(Q rows, K/V rows) per tile of the dK/dV pass: the dQ pass's tiles transposed."""
         return self.backward_block_n, self.block_m
 
+    def lists(self, kernel: str) -> tuple[tuple, tuple, bool]:
+        """One kernel's tile lists as the kernels take them (``kernel``: "fwd", "dq" or "dkdv"):
+        (indices, partial counts, counts, schedule, runs); their strides (indices' batch, head
+        and Q tile; counts' batch and head), 0 where the mask is shared by every batch entry or
+        head (the schedule has the counts' strides, the runs the indices'); and whether every
+        row's full tiles are one run."""
+        prefix = {"fwd": "kv", "dq": "dq", "dkdv": "q"}[kernel]
+        idx, partial, count, order, runs = (getattr(self, f"{prefix}_{part}")
+                                            for part in ("indices", "partial", "count", "order", "runs"))
+        shared_b, shared_h = self.batch == 1, self.heads == 1
+        strides = (0 if shared_b else idx.stride(0), 0 if shared_h else idx.stride(1), idx.stride(2),
+                   0 if shared_b else count.stride(0), 0 if shared_h else count.stride(1))
+        assert runs.shape == idx.shape and runs.stride() == idx.stride(), "runs are read at the indices' offsets"
+        assert order.stride() == count.stride() == partial.stride(), "the schedule is read at the counts' offsets"
+        return (idx, partial, count, order, runs), strides, getattr(self, f"{prefix}_full_range")
+
     @property
     def visited_fraction(self) -> float:
         """Visited tiles over all tiles: what the kernels' cost scales with."""

@@ -35,21 +35,26 @@ def accumulator_layout(num_warps, columns):
 
 @gluon.jit
 def stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
-                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, tiles=None):
     """The loader's loop of the forward and dQ kernels: K and V tile j of (batch, head_kv)
     into ring slot j % NUM_STAGES, each once the consumers have released the slot's
-    previous tile (its "empty" barrier) and signalled on its "ready" barrier."""
+    previous tile (its "empty" barrier) and signalled on its "ready" barrier. With ``tiles``
+    (a pointer to a block mask's list of K/V tile numbers), step j copies tile tiles[j]."""
     for j in range(n_tiles):
+        if tiles is None:
+            key_start = j * BLOCK_N
+        else:
+            key_start = gl.load(tiles + j) * BLOCK_N
         slot = j % NUM_STAGES
         # A new mbarrier counts as having completed the phase before 0, so the first lap
         # round the ring passes the "empty" waits at once.
         free_phase = ((j // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(slot), free_phase)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma_load(k_desc, [batch, head_kv, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        tma_load(k_desc, [batch, head_kv, key_start, 0], k_ready.index(slot), k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), free_phase)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma_load(v_desc, [batch, head_kv, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+        tma_load(v_desc, [batch, head_kv, key_start, 0], v_ready.index(slot), v_smem.index(slot))
 
 
 @gluon.jit

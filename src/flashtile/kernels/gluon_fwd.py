@@ -22,8 +22,11 @@ operand layout) are asserted to move no data: shared memory is nearly full at d1
 stages, and a conversion through it would not fit.
 
 Covered: dense batches, bf16/fp16, head dims 64, 128 and 256, any lengths,
-causal (bottom-right aligned) or not, GQA. Everything else runs on fwd.py. There is no
-interpreter for Gluon: the tests of this kernel run on a GPU.
+causal (bottom-right aligned) or not, GQA. ``_fwd_listed_kernel`` runs the same partitions
+over a block mask's tile lists (block_mask.py): the loader copies the listed K/V tiles, and
+the consumers evaluate the user's mask_mod, compiled into them, on the partial tiles only, as
+fwd.py does. Everything else runs on fwd.py. There is no interpreter for Gluon: the tests of
+these kernels run on a GPU.
 """
 
 from __future__ import annotations
@@ -42,41 +45,63 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
-            batch, head, head_kv, q_start, n_tiles, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            batch, head, head_kv, q_start, n_tiles, tiles, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
             NUM_STAGES: gl.constexpr):
-    """One warp: the two halves of the Q tile, then K and V tile j into slot j % NUM_STAGES
-    once both consumers have released the slot's previous tile."""
+    """One warp: the two halves of the Q tile, then K and V tile j (or tiles[j], a block
+    mask's list) into slot j % NUM_STAGES once both consumers have released the slot's
+    previous tile."""
     mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
     tma_load(q_desc, [batch, head, q_start, 0], q_ready, q_smem.index(0))
     tma_load(q_desc, [batch, head, q_start + HALF_M, 0], q_ready, q_smem.index(1))
     stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
-                    BLOCK_N, NUM_STAGES)
+                    BLOCK_N, NUM_STAGES, tiles)
 
 
 @gluon.jit
-def _softmax_update(s, m_i, l_i, rows, tile_start, seqlen_k, shift, diagonal, qk_scale, s_layout: gl.constexpr,
-                    BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """One online-softmax step on the raw scores s (rows × BLOCK_N, float32, before the
-    softmax scale; qk_scale = softmax_scale · log2(e)).
+def _hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                 CAUSAL: gl.constexpr, tiles, n_masked, batch, head, mask_buffer, MASK_MOD: gl.constexpr):
+    """Step j's raw scores s (rows × BLOCK_N) with the scores its rows do not see at -inf.
+
+    Dense (MASK_MOD None): key tile j; query row r sees keys up to r + ``shift``
+    (seqlen_k - seqlen_q: bottom-right aligned) under CAUSAL, ``diagonal`` being that bound
+    for the warpgroup's first row. Listed: key tile tiles[j] of a block mask's list, whose
+    first ``n_masked`` tiles evaluate MASK_MOD(batch, head, q_idx, kv_idx, mask_buffer) and
+    whose other (full) tiles are visible everywhere.
+    """
+    cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    if MASK_MOD is None:
+        # Only tiles that cross the end of the keys or the causal diagonal are masked: a
+        # branch uniform across the warpgroup keeps the index math out of the other tiles.
+        tile_start = j * BLOCK_N
+        crosses_end = tile_start + BLOCK_N > seqlen_k
+        if CAUSAL:
+            crosses = crosses_end | (tile_start + BLOCK_N - 1 > diagonal)
+        else:
+            crosses = crosses_end
+        if crosses:
+            cols = tile_start + gl.arange(0, BLOCK_N, layout=cols_layout)
+            visible = (cols < seqlen_k)[None, :]
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= (rows + shift)[:, None])
+            s = gl.where(visible, s, -float("inf"))
+    elif j < n_masked:
+        cols = gl.load(tiles + j) * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
+        # Indices clamped into range, as in fwd.py: a mask may index a tensor with them. Rows
+        # past the queries are never stored; columns past the keys are hidden here.
+        visible = MASK_MOD(batch, head, gl.minimum(rows, seqlen_q - 1)[:, None],
+                           gl.minimum(cols, seqlen_k - 1)[None, :], mask_buffer)
+        s = gl.where(visible & (cols < seqlen_k)[None, :], s, -float("inf"))
+    return s
+
+
+@gluon.jit
+def _softmax_update(s, m_i, l_i, qk_scale):
+    """One online-softmax step on the raw scores s (rows × keys, float32, before the softmax
+    scale, hidden ones at -inf; qk_scale = softmax_scale · log2(e)).
 
     Returns P (unnormalised, float32), the factor alpha that rescales the running output,
-    and the new running max (log2 units) and sum. Query row r sees keys up to
-    r + ``shift`` (seqlen_k - seqlen_q: bottom-right aligned); ``diagonal`` is that bound
-    for the warpgroup's first row.
+    and the new running max (log2 units) and sum.
     """
-    # Only tiles that cross the end of the keys or the causal diagonal are masked: a
-    # branch uniform across the warpgroup keeps the index math out of the other tiles.
-    crosses_end = tile_start + BLOCK_N > seqlen_k
-    if CAUSAL:
-        crosses = crosses_end | (tile_start + BLOCK_N - 1 > diagonal)
-    else:
-        crosses = crosses_end
-    if crosses:
-        cols = tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        visible = (cols < seqlen_k)[None, :]
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= (rows + shift)[:, None])
-        s = gl.where(visible, s, -float("inf"))
     # The scale is applied to the row maxima (exactly max(s · qk_scale): qk_scale > 0) and
     # folded into the exponent's argument, s · qk_scale − m, which is one FFMA per score
     # instead of a multiply and a subtraction, as FlashAttention-3 does.
@@ -91,10 +116,11 @@ def _softmax_update(s, m_i, l_i, rows, tile_start, seqlen_k, shift, diagonal, qk
 
 @gluon.jit
 def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc,
-              LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
+              LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, mask_buffer,
               HEAD_DIM: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr):
-    """One warpgroup: rows [q_start + half·HALF_M, +HALF_M) of the Q tile, every K/V tile."""
+              CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr):
+    """One warpgroup: rows [q_start + half·HALF_M, +HALF_M) of the Q tile, every K/V tile (or
+    under MASK_MOD the block mask's list: see _hide_scores)."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
     o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -119,8 +145,9 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
                       use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(0), count=1)
-    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, rows, 0, seqlen_k, shift, diagonal, qk_scale, s_layout,
-                                         BLOCK_N, CAUSAL)
+    s = _hide_scores(s, rows, 0, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles, n_masked,
+                     batch, head, mask_buffer, MASK_MOD)
+    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
     for j in range(1, n_tiles):
         slot = j % NUM_STAGES
         previous = (j - 1) % NUM_STAGES
@@ -135,8 +162,9 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
         acc = warpgroup_mma(p_low, v_smem.index(previous).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s, ))
         mbarrier.arrive(k_empty.index(slot), count=1)
-        p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, rows, j * BLOCK_N, seqlen_k, shift, diagonal, qk_scale,
-                                             s_layout, BLOCK_N, CAUSAL)
+        s = _hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles, n_masked,
+                         batch, head, mask_buffer, MASK_MOD)
+        p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
         acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
         mbarrier.arrive(v_empty.index(previous), count=1)
     last = (n_tiles - 1) % NUM_STAGES
@@ -162,29 +190,11 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
 
 
 @gluon.jit
-def _fwd_pingpong_kernel(
-    q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh,
-    num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, qk_scale,
-    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-):
-    """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
-
-    Launch with num_warps=4 (the default partition is the first consumer) on a 1-D grid of
-    num_m_blocks × B × Hq programs, Q tiles fastest. Descriptors: q_desc and o_desc over
-    (B, Hq, Sq, D) with a (1, 1, BLOCK_M / 2, D) block, k_desc and v_desc over
-    (B, Hkv, Sk, D) with (1, 1, BLOCK_N, D).
-    """
-    gl.static_assert(num_warps == 4)
-    HALF_M: gl.constexpr = BLOCK_M // 2
+def _pipeline_buffers(q_desc, k_desc, v_desc, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                      NUM_STAGES: gl.constexpr):
+    """The Q tile's two halves, the K/V ring and their mbarriers, allocated and initialised:
+    (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty)."""
     dtype: gl.constexpr = q_desc.dtype
-    batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, num_heads_q,
-                                                              group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
-    # At least one tile: rows that see no key at all still run (masked) and write O = 0,
-    # LSE = -inf; the host never launches with seqlen_k = 0.
-    n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
-    LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
-
     q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
@@ -200,15 +210,96 @@ def _fwd_pingpong_kernel(
         mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
         mbarrier.init(v_empty.index(i), count=2)
     fence_async_shared()  # the inits visible to the TMA unit before its first copy
+    return q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty
+
+
+@gluon.jit
+def _fwd_pingpong_kernel(
+    q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh,
+    num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, qk_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
+
+    Launch with num_warps=4 (the default partition is the first consumer) on a 1-D grid of
+    num_m_blocks × B × Hq programs, Q tiles fastest. Descriptors: q_desc and o_desc over
+    (B, Hq, Sq, D) with a (1, 1, BLOCK_M / 2, D) block, k_desc and v_desc over
+    (B, Hkv, Sk, D) with (1, 1, BLOCK_N, D).
+    """
+    gl.static_assert(num_warps == 4)
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, num_heads_q,
+                                                              group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
+    # At least one tile: rows that see no key at all still run (masked) and write O = 0,
+    # LSE = -inf; the host never launches with seqlen_k = 0.
+    n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
+    LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
+    q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty = _pipeline_buffers(
+        q_desc, k_desc, v_desc, HALF_M, HEAD_DIM, BLOCK_N, NUM_STAGES)
 
     # (argument tuples written out: building one as (0,) + rest does not trace)
     gl.warp_specialize([
         (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
-                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES,
-                     CAUSAL)),
+                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, HALF_M, BLOCK_N,
+                     NUM_STAGES, CAUSAL, None)),
         (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
-                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES,
-                     CAUSAL)),
+                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, HALF_M, BLOCK_N,
+                     NUM_STAGES, CAUSAL, None)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, batch,
-                   head, head_kv, q_start, n_tiles, HALF_M, BLOCK_N, NUM_STAGES)),
+                   head, head_kv, q_start, n_tiles, None, HALF_M, BLOCK_N, NUM_STAGES)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+@gluon.jit
+def _fwd_listed_kernel(
+    q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh,
+    KvIdx, KvPartial, KvCount, KvOrder, MaskBuf, stride_ib, stride_ih, stride_im, stride_cb, stride_ch,
+    num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, qk_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    MASK_MOD: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    """The forward of _fwd_pingpong_kernel over a block mask's tile lists (block_mask.py):
+    each Q tile visits only its listed K/V tiles, the partial ones (listed first) masked by
+    MASK_MOD evaluated in the kernel, the full ones not masked at all.
+
+    Lists: KvIdx (B', H', num_m_blocks, num_n) int32 tile numbers, KvPartial and KvCount
+    (B', H', num_m_blocks) int32, KvOrder (B', H', num_m_blocks) int32, the Q tiles most
+    visited first; B' and H' are 1 (strides 0) when the mask ignores b or h. MaskBuf: the
+    int32 tensor the mask reads (any int32 pointer when it reads none). BLOCK_M and BLOCK_N
+    are the block mask's tiles. Grid and descriptors as _fwd_pingpong_kernel's.
+    """
+    gl.static_assert(num_warps == 4)
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    pid = gl.program_id(0)
+    bh = pid // num_m_blocks
+    batch = bh // num_heads_q
+    head = bh % num_heads_q
+    lists = batch * stride_cb + head * stride_ch
+    # The block mask's schedule: the Q tiles that visit the most K/V tiles start first, so the
+    # grid does not end on them alone.
+    block_m = gl.load(KvOrder + lists + pid % num_m_blocks)
+    n_partial = gl.load(KvPartial + lists + block_m)
+    n_visited = gl.load(KvCount + lists + block_m)
+    tiles = KvIdx + batch.to(gl.int64) * stride_ib + head.to(gl.int64) * stride_ih + block_m * stride_im
+    # A Q tile that sees no key still runs one step, over the first tile of its list (every
+    # tile is empty for it) with the mask evaluated: every score hidden, so O = 0, LSE = -inf.
+    n_tiles = gl.maximum(n_visited, 1)
+    n_masked = n_partial
+    if n_visited == 0:
+        n_masked = 1
+    q_start = block_m * BLOCK_M
+    LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
+    q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty = _pipeline_buffers(
+        q_desc, k_desc, v_desc, HALF_M, HEAD_DIM, BLOCK_N, NUM_STAGES)
+
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
+                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, MaskBuf, HEAD_DIM, HALF_M,
+                     BLOCK_N, NUM_STAGES, False, MASK_MOD)),
+        (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
+                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, MaskBuf, HEAD_DIM, HALF_M,
+                     BLOCK_N, NUM_STAGES, False, MASK_MOD)),
+        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, batch,
+                   head, head // group_size, q_start, n_tiles, tiles, HALF_M, BLOCK_N, NUM_STAGES)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

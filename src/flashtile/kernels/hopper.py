@@ -20,6 +20,10 @@ one writer. ``FLASHTILE_GLUON_BWD_FUSED`` chooses among the Gluon backwards the 
 backward (``deterministic=True``, or ``torch.use_deterministic_algorithms(True)``) always gets the
 seven-product kernels.
 
+A forward with a block mask (mask_mod) of 128-row Q tiles and 64- or 128-key K/V tiles runs
+gluon_fwd's block-sparse kernel under ``FLASHTILE_GLUON=1`` (under auto once
+``LISTED_UNDER_AUTO``); its backward stays on the Triton kernels.
+
 Under ``auto`` a Gluon kernel that fails to build here (a Triton whose Gluon changed, a
 ptxas error) sends its calls back to the Triton kernels, with one warning naming the error;
 under ``1`` the error is raised.
@@ -193,8 +197,11 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     if choice == "0":
         return False
     plain = (softcap == 0 and alibi_slopes is None and bias is None and dropout_p == 0 and varlen is None
-             and block_mask is None and score_mod is None and band.left is None and band.right in (None, 0))
+             and score_mod is None and band.left is None and band.right in (None, 0))
     if not plain or q.dtype not in (torch.bfloat16, torch.float16) or kernel_head_dim(q.shape[3]) is None:
+        return False
+    if block_mask is not None and (backward or band.right is not None or choice == "auto" and not LISTED_UNDER_AUTO
+                                   or not listed_tiles_fit(block_mask, q.shape[3])):
         return False
     if any(t.dtype != q.dtype for t in (k, v, out, *grads)):  # one element type per kernel
         return False
@@ -202,24 +209,26 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         return False
     if choice == "auto" and not measured_faster(q.shape[3], k.shape[2], backward, causal=band.right == 0):
         return False
-    if choice == "auto" and _failure_key(backward, q, causal=band.right == 0) in _FAILED:
+    if choice == "auto" and _failure_key(backward, q, causal=band.right == 0, listed=block_mask is not None) in _FAILED:
         return False
     # The device was checked above, once: every tensor here is on q's (the API checks k and v;
     # out and the gradients are made there), so only each one's layout is left to check.
     return all(tma.layout_addressable(t) for t in (q, k, v, out, *grads))
 
 
-def _failure_key(backward: bool, q: torch.Tensor, *, causal: bool) -> tuple:
-    return ("backward" if backward else "forward", q.shape[3], q.dtype, causal)
+def _failure_key(backward: bool, q: torch.Tensor, *, causal: bool, listed: bool = False) -> tuple:
+    kernel = "backward" if backward else ("block-sparse forward" if listed else "forward")
+    return (kernel, q.shape[3], q.dtype, causal)
 
 
-def falls_back(error: BaseException, q: torch.Tensor, *, backward: bool, causal: bool) -> bool:
+def falls_back(error: BaseException, q: torch.Tensor, *, backward: bool, causal: bool, listed: bool = False) -> bool:
     """Whether a call whose Gluon launch raised ``error`` should run the Triton kernels instead:
-    under ``auto``, when the kernel could not be built (BUILD_ERRORS). The kernel is then
-    remembered as broken for this process, and a warning says so once."""
+    under ``auto``, when the kernel could not be built (BUILD_ERRORS). The kernel (``listed``:
+    the block-sparse forward) is then remembered as broken for this process, and a warning
+    says so once."""
     if setting(backward) != "auto" or not _is_build_error(error):
         return False
-    key = _failure_key(backward, q, causal=causal)
+    key = _failure_key(backward, q, causal=causal, listed=listed)
     if key not in _FAILED:
         _FAILED.add(key)
         name = _switch(backward)
@@ -316,17 +325,42 @@ def _tile_descriptor(t: torch.Tensor, rows: int, width: int | None = None):
     return _descriptor(t, (1, 1, rows, width), _tile_layout(rows, width, t.dtype))
 
 
+# The block-sparse forward (gluon_fwd._fwd_listed_kernel) under FLASHTILE_GLUON=auto: off until
+# timed against the Triton kernels' block-sparse forward on the H200; FLASHTILE_GLUON=1 takes it.
+LISTED_UNDER_AUTO = False
+
+
+def listed_tiles_fit(block_mask, head_dim: int) -> bool:
+    """Whether the block-sparse Gluon forward runs ``block_mask``'s tiles: its Q tiles are the
+    kernel's 128 rows, its K/V tiles 64 or 128 keys (64 at head dims past 128, where two
+    stages of 128 keys would need 256 KiB of shared memory)."""
+    widths = (64, 128) if kernel_head_dim(head_dim) <= 128 else (64,)
+    return block_mask.block_m == BLOCK_M and block_mask.block_n in widths
+
+
+def _listed_stages(head_dim: int, block_n: int, seqlen_k: int) -> int:
+    """Pipeline depth of the block-sparse forward: the dense forward's at its own tiles; with
+    64-key tiles at d <= 128 (the block masks' default tiles), 3 stages, as many as the dense
+    d128 kernel's from 4k keys (untimed at these tiles)."""
+    dense_n, dense_stages = _config(head_dim, seqlen_k)
+    return dense_stages if block_n == dense_n else 3
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, softmax_scale: float,
-            causal: bool) -> torch.Tensor:
+            causal: bool, block_mask=None) -> torch.Tensor:
     """Write out (B, Hq, Sq, D) and return the LSE (B, Hq, Sq), float32, natural log. D of any
-    size up to 256 runs the kernel of kernel_head_dim(D)."""
+    size up to 256 runs the kernel of kernel_head_dim(D). With ``block_mask`` (tiles that
+    listed_tiles_fit; not causal) the block-sparse kernel visits its listed tiles only."""
     gluon_fwd = _gluon()[0]
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     head_dim = kernel_head_dim(q.shape[3])
-    block_n, num_stages = _config(head_dim, seqlen_k)
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
     num_m_blocks = triton.cdiv(seqlen_q, BLOCK_M)
+    if block_mask is not None:
+        _listed_forward(gluon_fwd, q, k, v, out, lse, softmax_scale, block_mask, head_dim, num_m_blocks)
+        return lse
+    block_n, num_stages = _config(head_dim, seqlen_k)
     fast_launch.launch(
         gluon_fwd._fwd_pingpong_kernel, (num_m_blocks * batch * heads_q,),
         _tile_descriptor(q, BLOCK_M // 2, head_dim), _tile_descriptor(k, block_n, head_dim),
@@ -337,6 +371,24 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
     )
     return lse
+
+
+def _listed_forward(gluon_fwd, q, k, v, out, lse, softmax_scale, block_mask, head_dim, num_m_blocks) -> None:
+    """Launch _fwd_listed_kernel over ``block_mask``'s forward lists (see forward)."""
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    block_n = block_mask.block_n
+    (indices, partial, count, order, _), strides, _ = block_mask.lists("fwd")
+    buffer = block_mask.mask.buffer if block_mask.mask.buffer is not None else count  # any int32 pointer
+    fast_launch.launch(
+        gluon_fwd._fwd_listed_kernel, (num_m_blocks * batch * heads_q,),
+        _tile_descriptor(q, BLOCK_M // 2, head_dim), _tile_descriptor(k, block_n, head_dim),
+        _tile_descriptor(v, block_n, head_dim), _tile_descriptor(out, BLOCK_M // 2, head_dim),
+        lse, lse.stride(0), lse.stride(1), indices, partial, count, order, buffer, *strides,
+        heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks, softmax_scale * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=block_n, NUM_STAGES=_listed_stages(head_dim, block_n, seqlen_k),
+        MASK_MOD=block_mask.mask.triton_fn(), LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
+    )
 
 
 # The backward's tiles, (BLOCK_M, BLOCK_N, stages) of each kernel: dK/dV streams BLOCK_M query

@@ -74,22 +74,14 @@ def _bias_args(bias: torch.Tensor | None, q: torch.Tensor, seqlen_k: int):
 
 def _block_mask_args(block_mask, kernel: str, dummy: torch.Tensor):
     """(indices, partial counts, counts, schedule, runs, mask buffer) of one kernel's tile
-    lists (``kernel``: "fwd", "dq" or "dkdv"), their strides (0 where the block mask is
-    shared by all batch entries or heads; the schedule has the counts', the runs the
-    indices'), and the kernel's constexprs (the jitted mask; whether every row's full
-    tiles are one run), or dummies without one."""
+    lists (``kernel``: "fwd", "dq" or "dkdv"), their strides (BlockMask.lists), and the
+    kernel's constexprs (the jitted mask; whether every row's full tiles are one run), or
+    dummies without one."""
     if block_mask is None:
         return (dummy,) * 6, (0, 0, 0, 0, 0), dict(MASK_MOD=None, FULL_RANGE=False)
-    prefix = {"fwd": "kv", "dq": "dq", "dkdv": "q"}[kernel]
-    idx, partial, count, order, runs = (getattr(block_mask, f"{prefix}_{part}")
-                                        for part in ("indices", "partial", "count", "order", "runs"))
+    lists, strides, full_range = block_mask.lists(kernel)
     buffer = block_mask.mask.buffer if block_mask.mask.buffer is not None else dummy
-    shared_b, shared_h = block_mask.batch == 1, block_mask.heads == 1
-    strides = (0 if shared_b else idx.stride(0), 0 if shared_h else idx.stride(1), idx.stride(2),
-               0 if shared_b else count.stride(0), 0 if shared_h else count.stride(1))
-    assert runs.shape == idx.shape and runs.stride() == idx.stride(), "runs are read at the indices' offsets"
-    constexprs = dict(MASK_MOD=block_mask.mask.triton_fn(), FULL_RANGE=getattr(block_mask, f"{prefix}_full_range"))
-    return (idx, partial, count, order, runs, buffer), strides, constexprs
+    return (*lists, buffer), strides, dict(MASK_MOD=block_mask.mask.triton_fn(), FULL_RANGE=full_range)
 
 
 def _fit_args(bias: torch.Tensor | None, block_mask, dropout_p: float, backward: bool = False) -> dict:
@@ -195,9 +187,9 @@ def attention_forward_triton(
     if hopper.eligible(q, k, v, out, band, softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
                        dropout_p=dropout_p, varlen=varlen, block_mask=block_mask, score_mod=score_mod):
         try:
-            return hopper.forward(q, k, v, out, softmax_scale, causal=band.right == 0)
+            return hopper.forward(q, k, v, out, softmax_scale, causal=band.right == 0, block_mask=block_mask)
         except Exception as error:  # a kernel that cannot be built here: Triton's, under auto
-            if not hopper.falls_back(error, q, backward=False, causal=band.right == 0):
+            if not hopper.falls_back(error, q, backward=False, causal=band.right == 0, listed=block_mask is not None):
                 raise
     heads_q, head_dim = q.shape[1], q.shape[3]
     heads_kv = k.shape[1]
