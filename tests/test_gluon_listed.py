@@ -243,3 +243,14 @@ def test_gpu_a_block_mask_built_on_another_device_is_refused():
     on_cpu = flashtile.create_block_mask(causal_mask(), 1, 1, 256, 256, block_m=128, block_n=64)
     with pytest.raises(ValueError, match=r"^block_mask: built on cpu, q is on cuda:0"):
         flashtile.attention(q, q, q, mask_mod=on_cpu.mask, block_mask=on_cpu)
+
+
+@pytest.mark.parametrize("lengths,tiles", [((203, 113), (128, 128)), ((1000, 17), (128, 64)), ((17, 17), (16, 16))])
+def test_lists_of_one_tile_along_a_dim_are_handed_over(lengths, tiles):
+    # One K/V tile: the transposed lists' tile dim has size 1, its stride left as .contiguous()
+    # found it (4 in the indices, 1 in the runs). An exact stride comparison refused these on the
+    # H200 (the Triton backward of the block-sparse tests).
+    bm = flashtile.create_block_mask(sink_64_and_window_300, 1, 1, *lengths, block_m=tiles[0], block_n=tiles[1])
+    for kernel in ("fwd", "dq", "dkdv"):
+        (idx, _, count, _, runs), strides, _ = bm.lists(kernel)
+        assert runs.shape == idx.shape and len(strides) == 5

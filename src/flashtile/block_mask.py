@@ -110,8 +110,9 @@ class BlockMask:
         shared_b, shared_h = self.batch == 1, self.heads == 1
         strides = (0 if shared_b else idx.stride(0), 0 if shared_h else idx.stride(1), idx.stride(2),
                    0 if shared_b else count.stride(0), 0 if shared_h else count.stride(1))
-        assert runs.shape == idx.shape and runs.stride() == idx.stride(), "runs are read at the indices' offsets"
-        assert order.stride() == count.stride() == partial.stride(), "the schedule is read at the counts' offsets"
+        assert _same_offsets(runs, idx), "runs are read at the indices' offsets"
+        assert _same_offsets(order, count) and _same_offsets(partial, count), \
+            "the schedule and partial counts are read at the counts' offsets"
         return (idx, partial, count, order, runs), strides, getattr(self, f"{prefix}_full_range")
 
     @property
@@ -119,6 +120,14 @@ class BlockMask:
         """Visited tiles over all tiles: what the kernels' cost scales with."""
         tiles = self.kv_indices.shape[-2] * self.kv_indices.shape[-1] * self.batch * self.heads
         return float(self.kv_count.sum()) / tiles
+
+
+def _same_offsets(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether every element of ``a`` sits at the offset of ``b``'s at the same index: equal
+    shapes, and equal strides but along dims of size 1 (never stepped along, and left as they
+    came by .contiguous(): a one-tile dim of the transposed lists had stride 4 in one tensor
+    and 1 in the other, which an exact comparison refused on the H200)."""
+    return a.shape == b.shape and all(n == 1 or sa == sb for n, sa, sb in zip(a.shape, a.stride(), b.stride()))
 
 
 def _classify(mask: MaskMod, batch, heads, seqlen_q, seqlen_k, block_m, block_n, device):
