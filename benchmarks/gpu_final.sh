@@ -33,8 +33,8 @@
 #                                        # on this tree and on OLD_SRC (main's src/); ~150 s
 #   bash benchmarks/gpu_final.sh padded     # branch gluon-padded's gate: d40/d96/d192 Gluon GPU tests, then
 #                                        # probes/padded_head_dims.py; ~200 s
-#   bash benchmarks/gpu_final.sh listed     # the block-sparse Gluon forward: its GPU tests and the masks' ones,
-#                                        # masks.py with it forced on, then under auto with Flex; ~350 s
+#   bash benchmarks/gpu_final.sh listed     # the block-sparse Gluon kernels: their GPU tests, masks.py under auto
+#                                        # (Flex beside), then with every Gluon kernel off; ~350 s
 #   bash benchmarks/gpu_final.sh gluon-all  # every Gluon GPU test (grids, auto dispatch, CUDA graph), then the
 #                                        # d128 1k and 16k bench cells beside cuDNN with the Gluon backward forced
 #                                        # on; ~420 s (the sanitizer's Gluon section runs in `checks`)
@@ -260,16 +260,17 @@ case ${1:-tests} in
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-gluon39.log"; grep -v "Warn\|warn" "$OUT/fast-launch39.log"
     grep -v "Warn\|warn\|leaked\|nanobind\|skipped remainder" "$OUT/fused-d64-tiles.log"; cat "$OUT/times.txt" ;;
   listed)
-    # The block-sparse Gluon forward (gluon_fwd._fwd_listed_kernel): its GPU tests and the block
-    # masks' ones; then masks.py with it forced on (FLASHTILE_GLUON=1: the mask_mod rows' forward
-    # on it, the backward on the Triton kernels) beside the same under auto (the Triton kernels'
-    # block-sparse forward unless hopper.LISTED_UNDER_AUTO), Flex in the second run; ~350 s.
-    gluon_tests tests-listed.log "${TEST_LIMIT:-200}" 200 tests/test_gluon_listed.py tests/test_mask_mods.py -m gpu
-    step env FLASHTILE_GLUON=1 timeout 100 python3 benchmarks/masks.py --no-flex > "$OUT/masks-listed.log" 2>&1
+    # The block-sparse Gluon kernels (gluon_fwd._fwd_listed_kernel, gluon_bwd._dkdv_listed_kernel and
+    # _dq_listed_kernel): their GPU tests; then masks.py under auto (the mask_mod rows on them where
+    # hopper.LISTED_UNDER_AUTO, Flex beside) and with every Gluon kernel off (the same rows on the
+    # Triton kernels, in the same run); ~350 s.
+    gluon_tests tests-listed.log "${TEST_LIMIT:-200}" 200 tests/test_gluon_listed.py -m gpu
     step timeout 150 python3 benchmarks/masks.py > "$OUT/masks-auto.log" 2>&1
+    step env FLASHTILE_GLUON=0 FLASHTILE_GLUON_BWD=0 timeout 100 python3 benchmarks/masks.py --no-flex \
+      > "$OUT/masks-triton.log" 2>&1
     cat "$OUT/gpu.txt"; grep -E "passed|failed|error" "$OUT/tests-listed.log" | tail -12
-    echo "== FLASHTILE_GLUON=1"; grep -v "Warn\|warn" "$OUT/masks-listed.log" | tail -14
-    echo "== auto"; grep -v "Warn\|warn" "$OUT/masks-auto.log" | tail -20; cat "$OUT/times.txt" ;;
+    echo "== auto"; grep -v "Warn\|warn" "$OUT/masks-auto.log" | tail -20
+    echo "== Gluon off"; grep -v "Warn\|warn" "$OUT/masks-triton.log" | tail -12; cat "$OUT/times.txt" ;;
   gluon-all)
     # ~220 tests; session 9 ran the forward's part in 175 s and the backward's in 41 s on 8 workers.
     gluon_tests tests-gluon-all.log "${TEST_LIMIT:-300}" 300 tests/test_gluon.py -m gpu

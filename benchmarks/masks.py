@@ -10,6 +10,8 @@ bf16, batch 1, heads 16, headdim 128, N = --seqlen (default 16384). Rows, fwd / 
     mask_mod causal          the same through a block mask (causal_mask()), built once
     mask_mod causal, 128x128 the same on 128 × 128 forward tiles (the built-in's at this size);
                              the backward keeps 64-wide key tiles (BlockMask.backward_blocks)
+    mask_mod causal, by def. the same without a block mask: attention() builds one with its
+                             default tiles (hopper.default_block_mask_tiles)
     document mask (k docs)   and_masks(causal, document) with k equal documents; the
                              visited-tile fraction is printed beside it: cost should follow it
     flex: ...                torch's flex_attention (compiled) with the same mask_mod
@@ -95,6 +97,10 @@ def main():
                                   q, k, v), None))
     except Exception as e:  # noqa: BLE001 - e.g. a tile shape whose backward does not fit: report, go on
         print(f"mask_mod causal, 128x128: {type(e).__name__}: {str(e)[:100]}", flush=True)
+    # A mask_mod given without a block mask: attention() builds one (once, cached) with its default
+    # tiles (128 × 128 where the block-sparse Gluon forward takes them, else 128 × 64).
+    rows.append(("mask_mod causal, by default", None,
+                 time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal), q, k, v), None))
     for docs in args.docs:
         ids = torch.arange(n, device=device, dtype=torch.int32) // (n // docs)
         mask = and_masks(causal, document_mask(ids))
@@ -114,7 +120,8 @@ def main():
     print(f"{'FlexAttention, same mask':28s} {'':>6} | {'flex':>17} | "
           "flex time / flashtile time (> 1: flashtile faster)")
     for name, _, (fwd, bwd), ids in rows[1:]:
-        if "128x128" in name or name.startswith("built-in"):  # flex's default tiles are 128 × 128 already
+        # (flex's default tiles are 128 × 128 already; the default row is the first one again)
+        if "128x128" in name or "default" in name or name.startswith("built-in"):
             continue
         flex = flex_fn(ids, True, batch, heads, n, device)
         if flex is None:

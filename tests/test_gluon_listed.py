@@ -1,11 +1,13 @@
-"""The block-sparse Gluon forward (gluon_fwd._fwd_listed_kernel): a block mask's K/V tile lists
-walked by the dense Gluon forward's partitions, mask_mod evaluated in the kernel on partial tiles.
+"""The block-sparse Gluon kernels: the forward (gluon_fwd._fwd_listed_kernel) and the backward
+(gluon_bwd._dkdv_listed_kernel, _dq_listed_kernel) walk a block mask's tile lists with the dense
+kernels' partitions, mask_mod evaluated in the kernels on partial tiles.
 
-It runs under FLASHTILE_GLUON=1 (and under auto once hopper.LISTED_UNDER_AUTO is set) for
-forward calls with a block mask of 128-row Q tiles and 64- or 128-key K/V tiles. Its oracle
+They run under FLASHTILE_GLUON=1 / FLASHTILE_GLUON_BWD=1 (and under auto where
+hopper.LISTED_UNDER_AUTO) for calls with a block mask of 128-row Q tiles and 64- or 128-key K/V
+tiles (the backward: 64-key backward tiles, head dims up to 128). Their oracle
 tests need an sm_90 GPU; on the CPU the kernel is compiled for sm_90 by
-tests/test_compile_check.py (tools/compile_check.listed_variants) and its host side is tested
-here with the launch stubbed.
+tests/test_compile_check.py (tools/compile_check.listed_variants) and their host side is tested
+here with the launches stubbed.
 """
 
 from __future__ import annotations
@@ -77,6 +79,44 @@ def test_the_listed_forward_hands_its_kernel_the_lists_and_descriptors_of_the_bl
     assert grid == (triton.cdiv(333, 128) * 2 * 6,)
 
 
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+def test_the_listed_backward_hands_each_kernel_its_lists_and_descriptors_of_its_tiles(monkeypatch, head_dim):
+    gluon_bwd = hopper._gluon()[3]
+    launches = []
+    for name in ("_dkdv_listed_kernel", "_dq_listed_kernel"):
+        monkeypatch.setattr(gluon_bwd, name, _RecordLaunch(launches, name))
+    bm = flashtile.create_block_mask(every_other_head_causal, 2, 6, 300, 333, block_m=128, block_n=128)
+    assert hopper.listed_backward_fits(bm, head_dim)
+    q, dout, dq = (torch.randn(2, 6, 300, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    k, v, dk, dv = (torch.randn(2, 2, 333, head_dim, dtype=torch.bfloat16) for _ in range(4))
+    lse2, delta = (torch.zeros(2 * 6, 384) for _ in range(2))
+    hopper.backward(q, k, v, dout, lse2, delta, head_dim ** -0.5, False, dq, dk, dv, block_mask=bm)
+    (dkdv_name, dkdv_grid, dkdv_args, dkdv_constexprs), (dq_name, dq_grid, dq_args, dq_constexprs) = launches
+    width = hopper.kernel_head_dim(head_dim)
+    assert (dkdv_name, dq_name) == ("_dkdv_listed_kernel", "_dq_listed_kernel")
+    # dK/dV: 64-row Q tiles past 128 keys, half per consumer warpgroup; the transposed lists
+    assert (dkdv_constexprs["BLOCK_M"], dkdv_constexprs["BLOCK_N"]) == bm.dkdv_blocks == (64, 128)
+    assert [d.base for d in dkdv_args[:6]] == [q, dout, k, v, dk, dv]
+    assert [d.block_shape for d in dkdv_args[:6]] == [[1, 1, 64, width]] * 2 + [[1, 1, 64, width]] * 4
+    assert [d.block_shape for d in dkdv_args[6:8]] == [[1, 64], [1, 64]]
+    assert [t is u for t, u in zip(dkdv_args[8:12], (bm.q_indices, bm.q_partial, bm.q_count, bm.q_order))] == \
+        [True] * 4
+    assert tuple(dkdv_args[13:18]) == bm.lists("dkdv")[1] and dkdv_grid == (triton.cdiv(333, 128) * 2 * 2,)
+    # dQ: 128-row Q tiles (a half per warpgroup) past 64 keys; the dQ pass's lists
+    assert (dq_constexprs["BLOCK_M"], dq_constexprs["BLOCK_N"]) == bm.backward_blocks == (128, 64)
+    assert [d.base for d in dq_args[:5]] == [q, dout, k, v, dq]
+    assert [d.block_shape for d in dq_args[:5]] == [[1, 1, 64, width]] * 5  # 64 rows (halves) and 64 keys
+    assert [t is u for t, u in zip(dq_args[8:12], (bm.dq_indices, bm.dq_partial, bm.dq_count, bm.dq_order))] == \
+        [True] * 4
+    assert tuple(dq_args[13:18]) == bm.lists("dq")[1] and dq_grid == (triton.cdiv(300, 128) * 2 * 6,)
+    jitted = mask_mod(every_other_head_causal).triton_fn()
+    for constexprs in (dkdv_constexprs, dq_constexprs):
+        assert constexprs["HEAD_DIM"] == width and constexprs["MASK_MOD"] is jitted
+    wide = flashtile.create_block_mask(causal_mask(), 1, 1, 300, 333, block_m=128, block_n=128, backward_block_n=128)
+    assert not hopper.listed_backward_fits(wide, head_dim) and not hopper.listed_backward_fits(bm, 256)
+
+
 # -- GPU: against the oracle -------------------------------------------------------------------
 
 def every_other_head_causal(b, h, q_idx, kv_idx):
@@ -124,21 +164,33 @@ CASES = [
 ]
 
 
+class ListedCalls:
+    """The block masks the block-sparse Gluon forward and backward ran with."""
+
+    def __init__(self):
+        self.forward, self.backward = [], []
+
+
 @pytest.fixture
 def listed_calls(monkeypatch):
-    """FLASHTILE_GLUON=1 (the backward on the Triton kernels), and the block masks the
-    block-sparse Gluon forward ran with."""
+    """FLASHTILE_GLUON=1 and FLASHTILE_GLUON_BWD=1, and the block masks the block-sparse Gluon
+    kernels ran with (a backward they do not take, d256's, runs on the Triton kernels)."""
     monkeypatch.setenv("FLASHTILE_GLUON", "1")
-    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "0")
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
     monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
-    calls = []
-    run = hopper._listed_forward
+    calls = ListedCalls()
+    forward, backward = hopper._listed_forward, hopper._listed_backward
 
-    def counted(gluon_fwd, q, k, v, out, lse, softmax_scale, block_mask, *args):
-        calls.append(block_mask)
-        return run(gluon_fwd, q, k, v, out, lse, softmax_scale, block_mask, *args)
+    def counted_forward(gluon_fwd, q, k, v, out, lse, softmax_scale, block_mask, *args):
+        calls.forward.append(block_mask)
+        return forward(gluon_fwd, q, k, v, out, lse, softmax_scale, block_mask, *args)
 
-    monkeypatch.setattr(hopper, "_listed_forward", counted)
+    def counted_backward(*args):
+        calls.backward.append(args[-1])
+        return backward(*args)
+
+    monkeypatch.setattr(hopper, "_listed_forward", counted_forward)
+    monkeypatch.setattr(hopper, "_listed_backward", counted_backward)
     return calls
 
 
@@ -173,9 +225,11 @@ def test_gpu_listed_forward_matches_the_oracle(listed_calls, case):
                                      "cuda", block_m=128, block_n=block_n)
     q, k, v = _inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, layout)
     out = flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm, layout="bshd")
-    assert listed_calls == [bm], "the call did not take the block-sparse Gluon forward"
+    assert listed_calls.forward == [bm], "the call did not take the block-sparse Gluon forward"
     dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)  # the Triton backward, on the Gluon forward's LSE
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    # The block-sparse Gluon backward at head dims up to 128; d256 on the Triton kernels.
+    assert listed_calls.backward == ([bm] if head_dim <= 128 else [])
     visible = dense_mask(mask, batch, heads_q, seqlen_q, seqlen_k, "cuda")
     assert visible.any(dim=-1).all(), "the masks here keep a key in every row (the oracle's -inf bias needs one)"
     assert_grads_match_oracle(out, grads, q, k, v, dout, bias=_oracle_bias(visible))
@@ -197,11 +251,12 @@ def test_gpu_listed_forward_gives_rows_that_see_nothing_zeros_and_an_lse_of_minu
     assert int(bm.kv_count[0, 0, 0]) == 0, "the first Q tile's list is empty"
     q, k, v = _inputs(2, seqlen, seqlen, 4, 2, 128, torch.bfloat16, "bshd")
     out, lse = flashtile.attention(q, k, v, mask_mod=late_queries_causal, block_mask=bm, return_lse=True)
-    assert len(listed_calls) == 1
+    assert len(listed_calls.forward) == 1
     assert torch.equal(out[:, :seen_from], torch.zeros_like(out[:, :seen_from]))
     assert torch.isneginf(lse[:, :, :seen_from]).all() and torch.isfinite(lse[:, :, seen_from:]).all()
     dout = torch.randn_like(out)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    assert len(listed_calls.backward) == 1
     assert torch.equal(dq[:, :seen_from], torch.zeros_like(dq[:, :seen_from]))
     # The rows that see keys, against the oracle on those rows alone (rows are independent; K and
     # V get gradients from them only).
@@ -225,15 +280,22 @@ def test_gpu_what_the_listed_forward_does_not_take_runs_on_the_triton_kernels(li
     narrow = flashtile.create_block_mask(causal_mask(), 1, 1, 300, 300, "cuda", 128, 64)
     q64 = q[..., :64].float()
     flashtile.attention(q64, q64, q64, mask_mod=narrow.mask, block_mask=narrow)  # float32
-    assert listed_calls == []
+    assert listed_calls.forward == []
+    # backward tiles of 32 keys: the Triton backward
+    odd = flashtile.create_block_mask(causal_mask(), 1, 1, 300, 300, "cuda", 128, 64, backward_block_n=32)
+    qg = q.detach().clone().requires_grad_()
+    flashtile.attention(qg, k, v, mask_mod=odd.mask, block_mask=odd).sum().backward()
+    assert listed_calls.forward == [odd] and listed_calls.backward == []
     wide = flashtile.create_block_mask(causal_mask(), 1, 1, 300, 300, "cuda", 128, 128)
     monkeypatch.setenv("FLASHTILE_GLUON", "auto")
-    flashtile.attention(q, k, v, mask_mod=wide.mask, block_mask=wide)
-    assert listed_calls == ([wide] if hopper.LISTED_UNDER_AUTO else [])
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "auto")
+    flashtile.attention(qg, k, v, mask_mod=wide.mask, block_mask=wide).sum().backward()
+    taken = [wide] if hopper.LISTED_UNDER_AUTO else []
+    assert listed_calls.forward[1:] == taken and listed_calls.backward == taken
     monkeypatch.setenv("FLASHTILE_GLUON", "1")
     torch.testing.assert_close(flashtile.attention(q, k, v, mask_mod=wide.mask, block_mask=wide), reference,
                                atol=2e-2, rtol=2e-2)
-    assert listed_calls[-1] is wide
+    assert listed_calls.forward[-1] is wide
 
 
 @pytest.mark.gpu
@@ -254,3 +316,28 @@ def test_lists_of_one_tile_along_a_dim_are_handed_over(lengths, tiles):
     for kernel in ("fwd", "dq", "dkdv"):
         (idx, _, count, _, runs), strides, _ = bm.lists(kernel)
         assert runs.shape == idx.shape and len(strides) == 5
+
+
+def test_a_mask_mod_on_the_cpu_gets_the_triton_kernels_tiles():
+    assert hopper.default_block_mask_tiles(torch.zeros(1, 8, 2, 128, dtype=torch.bfloat16)) == (128, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
+def test_gpu_a_mask_mod_without_a_block_mask_gets_wide_tiles_where_the_gluon_forward_takes_them(listed_calls,
+                                                                                                monkeypatch):
+    def run(head_dim):
+        q = torch.randn(1, 300, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+        flashtile.attention(q, q, q, mask_mod=sink_64_and_window_300)
+
+    run(128)
+    run(64)
+    assert [bm.block_n for bm in listed_calls.forward] == [128, 128]
+    run(256)  # the d256 kernel takes 64-key tiles
+    assert [bm.block_n for bm in listed_calls.forward] == [128, 128, 64]
+    monkeypatch.setenv("FLASHTILE_GLUON", "0")
+    run(128)
+    assert len(listed_calls.forward) == 3
+    # the Triton kernels, whose default is 64 keys (float32)
+    assert hopper.default_block_mask_tiles(torch.zeros(1, 8, 2, 128, device="cuda", dtype=torch.float32)) == (128, 64)

@@ -91,6 +91,10 @@ def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
                                                                                num_stages=num_stages))
 
 
+# The block-sparse Gluon kernels' int32 pointers: a block mask's lists and the mask's tensor.
+LIST_POINTERS = ("KvIdx", "KvPartial", "KvCount", "KvOrder", "QIdx", "QPartial", "QCount", "QOrder", "MaskBuf")
+
+
 def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
     """A cubin for sm_90 of a Gluon kernel taking tensor descriptors (kernels/gluon_fwd.py,
     gluon_bwd.py). Three keys of ``constexprs`` are not kernel parameters: DTYPE ("bf16" or
@@ -118,12 +122,11 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
              **{name: descriptor(kv_rows) for name in ("k_desc", "v_desc", "dk_desc", "dv_desc")},
              "dq_acc_desc": dq_sum.replace(" ", ""), "lse_desc": stats, "delta_desc": stats,
              "LSE": "*fp32", "LSE2": "*fp32", "Delta": "*fp32",
-             **{name: "*i32" for name in ("KvIdx", "KvPartial", "KvCount", "KvOrder", "MaskBuf")},
+             **{name: "*i32" for name in LIST_POINTERS},
              "qk_scale": "fp32", "softmax_scale": "fp32"}
     signature = {p: "constexpr" if p in constexprs else typed.get(p, "i32") for p in params}
     # Pointers and the padded row stride (a multiple of 128) are 16-aligned at a launch.
-    divisible = [p for p in ("LSE", "LSE2", "Delta", "stride_lrow", "KvIdx", "KvPartial", "KvCount", "KvOrder",
-                             "MaskBuf") if p in params]
+    divisible = [p for p in ("LSE", "LSE2", "Delta", "stride_lrow", *LIST_POINTERS) if p in params]
     src = GluonASTSource(fn=kernel, signature=signature,
                          constexprs={(params.index(k),): v for k, v in constexprs.items()},
                          attrs={(params.index(p),): [["tt.divisibility", 16]] for p in divisible})
@@ -195,17 +198,25 @@ def listed_variants(gluon_fwd, quick: bool, regs: dict):
     cases = [(128, 128, "causal", mask_mods.causal_mask(), "bf16")] if quick else [
         (128, 128, "causal", mask_mods.causal_mask(), "bf16"), (128, 64, "document", document, "bf16"),
         (64, 64, "user", mask_mods.mask_mod(user_mask), "fp16"), (256, 64, "causal window", window, "bf16")]
+    from flashtile.kernels import hopper
+
     for d, block_n, name, mask, dtype in cases:
-        stages = hopper_listed_stages(d, block_n)
+        stages = hopper._listed_stages(d, block_n, 16384)
         yield (f"gluon fwd listed d={d} n={block_n} {name} {dtype} s{stages}", gluon_fwd._fwd_listed_kernel,
                dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=block_n, NUM_STAGES=stages, MASK_MOD=mask.triton_fn(),
                     DTYPE=dtype, Q_ROWS=64, KV_ROWS=block_n, **regs), 4)
-
-
-def hopper_listed_stages(head_dim: int, block_n: int) -> int:
-    from flashtile.kernels import hopper
-
-    return hopper._listed_stages(head_dim, block_n, 16384)
+    gluon_bwd = hopper._gluon()[3]
+    keys = hopper.LISTED_BACKWARD_KEYS
+    backward_cases = [(d, name, mask, dtype) for d, _, name, mask, dtype in cases if d <= 128]
+    for d, name, mask, dtype in backward_cases[:1 if quick else 3]:
+        stages = hopper.LISTED_DKDV_STAGES
+        yield (f"gluon dkdv listed d={d} {name} {dtype} s{stages}", gluon_bwd._dkdv_listed_kernel,
+               dict(HEAD_DIM=d, BLOCK_M=keys, BLOCK_N=128, NUM_STAGES=stages, MASK_MOD=mask.triton_fn(), DTYPE=dtype,
+                    Q_ROWS=keys, KV_ROWS=64, **regs), 4)
+        stages = hopper.LISTED_DQ_STAGES
+        yield (f"gluon dq listed d={d} {name} {dtype} s{stages}", gluon_bwd._dq_listed_kernel,
+               dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=keys, NUM_STAGES=stages, MASK_MOD=mask.triton_fn(), DTYPE=dtype,
+                    Q_ROWS=64, KV_ROWS=keys, **regs), 4)
 
 
 # The attention kernels' option flags with every option off (tile sizes and head dims apart).

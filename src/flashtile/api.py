@@ -107,7 +107,7 @@ def attention(
     mask_key = None
     if mask_mod is not None or block_mask is not None:
         mask_key = _register_block_mask(mask_mod, block_mask, causal, window_size, batch, heads_q, seqlen_q, seqlen_k,
-                                        q.device)
+                                        q)
     seed = None
     if dropout_p > 0.0:
         if dropout_seed is None:  # on the device, from torch's generator: no host sync
@@ -148,8 +148,23 @@ def _register_score_mod(score_mod, backend: str, heads_q: int, q, k, v, bias):
     return mod, register_score_mod(mod)
 
 
-def _register_block_mask(mask, block_mask, causal, window_size, batch, heads_q, seqlen_q, seqlen_k, device) -> str:
-    """Check a mask_mod / block_mask pair, build the block mask if needed, and name it for the ops."""
+def _default_block_mask_tiles(q: torch.Tensor) -> tuple[int, int]:
+    """Tiles of a block mask built for a mask_mod given without one: small in the interpreter
+    (each tile costs it time), 128 × 128 where the block-sparse Gluon forward takes them
+    (kernels/hopper.py), else 128 × 64."""
+    if interpreting():
+        return 16, 16
+    if q.is_cuda:
+        from .kernels import hopper  # (Triton's: only where a GPU runs the kernels)
+
+        return hopper.default_block_mask_tiles(q)
+    return 128, 64
+
+
+def _register_block_mask(mask, block_mask, causal, window_size, batch, heads_q, seqlen_q, seqlen_k, q) -> str:
+    """Check a mask_mod / block_mask pair, build the block mask if needed (on q's device), and name
+    it for the ops."""
+    device = q.device
     if causal or tuple(window_size) != (-1, -1):
         raise ValueError("mask_mod: give either mask_mod or causal/window_size, not both "
                          "(and_masks(causal_mask(), ...) combines them)")
@@ -159,7 +174,7 @@ def _register_block_mask(mask, block_mask, causal, window_size, batch, heads_q, 
                                "(bm = flashtile.create_block_mask(mask, ...)) and pass block_mask=bm")
         mask = as_mask_mod(mask)
         per_batch, per_head = depends_on_batch_and_head(mask)
-        tiles = (16, 16) if interpreting() else (128, 64)
+        tiles = _default_block_mask_tiles(q)
         block_mask = create_block_mask(mask, batch if per_batch else 1, heads_q if per_head else 1, seqlen_q,
                                        seqlen_k, device, *tiles)
     elif not isinstance(block_mask, BlockMask):

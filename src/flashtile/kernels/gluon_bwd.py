@@ -44,8 +44,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import (accumulator_layout, init_q_ring_barriers, key_tile_of_program, q_ring_barriers,
-                           q_ring_buffers, q_tile_of_program, stream_kv_tiles, stream_q_tiles, tma_load, tma_store)
+from .gluon_common import (accumulator_layout, hide_scores, init_q_ring_barriers, key_tile_of_program,
+                           q_ring_barriers, q_ring_buffers, q_tile_of_program, stream_kv_tiles, stream_q_tiles,
+                           tma_load, tma_store)
 
 
 
@@ -73,29 +74,40 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
 
 @gluon.jit
 def transposed_probabilities(s, lse_smem, slot, keys, key_first, m_start, shift, qk_scale, KEY_ROWS: gl.constexpr,
-                             BLOCK_M: gl.constexpr, col_layout: gl.constexpr, CAUSAL: gl.constexpr):
+                             BLOCK_M: gl.constexpr, col_layout: gl.constexpr, CAUSAL: gl.constexpr, masked=False,
+                             batch=0, head=0, seqlen_q=0, seqlen_k=0, mask_buffer=None, MASK_MOD: gl.constexpr = None):
     """Pᵀ = exp2(Sᵀ·qk_scale − lse2) of a dK/dV step: ``s`` its KEY_ROWS keys (from ``key_first``;
     ``keys`` their indices) × BLOCK_M queries (from ``m_start``), lse2 the ring's row in ``slot``;
-    under CAUSAL (bottom-right, ``shift`` = Sk − Sq) masked only where the tile crosses the diagonal."""
+    under CAUSAL (bottom-right, ``shift`` = Sk − Sq) masked only where the tile crosses the diagonal.
+    With MASK_MOD (a block mask's list), a ``masked`` (partial) tile hides what
+    MASK_MOD(batch, head, q_idx, kv_idx, mask_buffer) does not see; keys past the end need no
+    mask (their dK, dV rows are never stored), queries past it have lse2 = +inf."""
     lse2 = lse_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
     s = s * qk_scale - lse2[None, :]
     if CAUSAL:  # mask only tiles that cross the diagonal: some key > some query + shift
         if key_first + KEY_ROWS - 1 > m_start + shift:
             queries = m_start + gl.arange(0, BLOCK_M, layout=col_layout)
             s = gl.where(keys[:, None] <= (queries + shift)[None, :], s, -float("inf"))
+    if MASK_MOD is not None:
+        if masked:
+            # indices clamped into range (a mask may index a tensor with them), as fwd.py does
+            queries = gl.minimum(m_start + gl.arange(0, BLOCK_M, layout=col_layout), seqlen_q - 1)
+            visible = MASK_MOD(batch, head, queries[None, :], gl.minimum(keys, seqlen_k - 1)[:, None], mask_buffer)
+            s = gl.where(visible, s, -float("inf"))
     return gl.exp2(s)
 
 
 @gluon.jit
 def _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, dv, s_zero, keys, key_first, m_start,
                shift, qk_scale, ds_out, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-               CAUSAL: gl.constexpr, STORE_DS: gl.constexpr):
+               CAUSAL: gl.constexpr, STORE_DS: gl.constexpr, masked=False, batch=0, head=0, seqlen_q=0, seqlen_k=0,
+               mask_buffer=None, MASK_MOD: gl.constexpr = None):
     """One step of a dK/dV consumer warpgroup, its HALF_N keys against one BLOCK_M-row Q tile:
     Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ = exp2(Sᵀ·qk_scale − lse2) (the causal mask on tiles that cross
     the diagonal), dV += Pᵀ dO, dSᵀ = Pᵀ ∘ (dPᵀ − Delta), dK += dSᵀ Q; with STORE_DS, dSᵀ (in the
     inputs' dtype) is also stored into ``ds_out`` (gluon_bwd_fused.py's dQ reads it). Returns
     (dk, dv), every product retired. lse_smem, delta_smem: the ring of (1, BLOCK_M) rows; ``slot``
-    the step's."""
+    the step's. ``masked`` ... MASK_MOD: a block mask's partial tile (transposed_probabilities)."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # S^T, dP^T: HALF_N keys x BLOCK_M queries
     kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N x HEAD_DIM
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
@@ -105,7 +117,7 @@ def _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, 
     dp = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(1, deps=(s, ))
     p = transposed_probabilities(s, lse_smem, slot, keys, key_first, m_start, shift, qk_scale, HALF_N, BLOCK_M,
-                                 col_layout, CAUSAL)
+                                 col_layout, CAUSAL, masked, batch, head, seqlen_q, seqlen_k, mask_buffer, MASK_MOD)
     p16 = gl.convert_layout(p.to(dtype), a_layout, assert_trivial=True)
     dv = warpgroup_mma(p16, do_tile, dv, is_async=True)
     dp = warpgroup_mma_wait(1, deps=(dp, ))  # S^T, dP^T done; dV may still run
@@ -215,6 +227,138 @@ def _dkdv_kernel(
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
+@gluon.jit
+def _dkdv_listed_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
+                        q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
+                        kv_ready, q_ready, do_ready, empty,
+                        batch, head_kv, n_start, heads_q, group_size, idx_base, count_base, stride_ih, stride_ch,
+                        HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """One warp: K, V halves once; then, for each query head of the group, (Q, lse2) and
+    (dO, Delta) of the Q tiles its block-mask list names, step ``it`` into slot it % NUM_STAGES."""
+    for h in gl.static_range(2):
+        mbarrier.expect(kv_ready.index(h), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma_load(k_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), k_smem.index(h))
+        tma_load(v_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), v_smem.index(h))
+    it = 0
+    for g in range(group_size):
+        head = head_kv * group_size + g
+        tiles = idx_base + head.to(gl.int64) * stride_ih
+        row = batch * heads_q + head
+        for t in range(gl.load(count_base + head * stride_ch)):
+            m_start = gl.load(tiles + t) * BLOCK_M
+            slot = it % NUM_STAGES
+            # a fresh mbarrier has completed the phase "before 0": the first lap passes at once
+            mbarrier.wait(empty.index(slot), ((it // NUM_STAGES) & 1) ^ 1)
+            mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
+            tma_load(q_desc, [batch, head, m_start, 0], q_ready.index(slot), q_smem.index(slot))
+            tma_load(lse_desc, [row, m_start], q_ready.index(slot), lse_smem.index(slot))
+            mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            tma_load(do_desc, [batch, head, m_start, 0], do_ready.index(slot), do_smem.index(slot))
+            tma_load(delta_desc, [row, m_start], do_ready.index(slot), delta_smem.index(slot))
+            it += 1
+
+
+@gluon.jit
+def _dkdv_listed_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
+                          kv_ready, q_ready, do_ready, empty, dk_desc, dv_desc,
+                          batch, head_kv, n_start, seqlen_q, seqlen_k, group_size, idx_base, count_base, partial_base,
+                          stride_ih, stride_ch, mask_buffer, qk_scale, softmax_scale,
+                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr,
+                          NUM_STAGES: gl.constexpr, MASK_MOD: gl.constexpr):
+    """_dkdv_consumer over the block mask's lists: keys [n_start + half*HALF_N, +HALF_N), the
+    listed Q tiles of each query head of the group, the partial ones (listed first) masked."""
+    s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)
+    kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
+    dtype: gl.constexpr = k_smem.dtype
+
+    key_first = n_start + half * HALF_N
+    keys = key_first + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
+    k_tile = k_smem.index(half).reshape([HALF_N, HEAD_DIM])
+    v_tile = v_smem.index(half).reshape([HALF_N, HEAD_DIM])
+    dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
+
+    mbarrier.wait(kv_ready.index(half), 0)
+    it = 0
+    for g in range(group_size):
+        head = head_kv * group_size + g
+        tiles = idx_base + head.to(gl.int64) * stride_ih
+        n_partial = gl.load(partial_base + head * stride_ch)
+        for t in range(gl.load(count_base + head * stride_ch)):
+            m_start = gl.load(tiles + t) * BLOCK_M
+            slot = it % NUM_STAGES
+            phase = (it // NUM_STAGES) & 1
+            q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+            do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+            mbarrier.wait(q_ready.index(slot), phase)
+            mbarrier.wait(do_ready.index(slot), phase)
+            dk, dv = _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, dv, s_zero, keys,
+                                key_first, m_start, 0, qk_scale, None, HALF_N, BLOCK_M, HEAD_DIM, False, False,
+                                t < n_partial, batch, head, seqlen_q, seqlen_k, mask_buffer, MASK_MOD)
+            mbarrier.arrive(empty.index(slot), count=1)
+            it += 1
+
+    # Epilogue as _dkdv_consumer's: K and V halves are dead, dK and dV staged there.
+    k_tile.store((dk * softmax_scale).to(dtype))
+    v_tile.store(dv.to(dtype))
+    fence_async_shared()
+    tma_store(dk_desc, [batch, head_kv, key_first, 0], k_smem.index(half))
+    tma_store(dv_desc, [batch, head_kv, key_first, 0], v_smem.index(half))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _dkdv_listed_kernel(
+    q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc,
+    QIdx, QPartial, QCount, QOrder, MaskBuf, stride_ib, stride_ih, stride_im, stride_cb, stride_ch,
+    heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, qk_scale, softmax_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    MASK_MOD: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    """_dkdv_kernel over a block mask's dK/dV lists (BlockMask.lists("dkdv"): per BLOCK_N-key
+    tile and query head, the BLOCK_M-row Q tiles that see it, partial ones first; B' and H' of
+    the lists 1 with strides 0 where the mask ignores b or h). The key tiles run in the order of
+    the group's first query head's schedule (QOrder), the most visited first. A key tile no query
+    sees writes dK = dV = 0. Descriptors and grid as _dkdv_kernel's."""
+    gl.static_assert(num_warps == 4)
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    pid = gl.program_id(0)
+    bh = pid // num_n_blocks
+    batch = bh // heads_kv
+    head_kv = bh % heads_kv
+    counts = batch * stride_cb
+    kv_tile = gl.load(QOrder + counts + head_kv * group_size * stride_ch + pid % num_n_blocks)
+    n_start = kv_tile * BLOCK_N
+    idx_base = QIdx + batch.to(gl.int64) * stride_ib + kv_tile * stride_im
+    count_base = QCount + counts + kv_tile
+    partial_base = QPartial + counts + kv_tile
+
+    q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem = q_ring_buffers(
+        q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, HALF_N, HEAD_DIM, NUM_STAGES, True)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready, do_ready, empty = q_ring_barriers(NUM_STAGES)
+    for i in gl.static_range(2):
+        mbarrier.init(kv_ready.index(i), count=1)
+    init_q_ring_barriers(q_ready, do_ready, empty, NUM_STAGES)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_dkdv_listed_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, q_ready,
+                                 do_ready, empty, dk_desc, dv_desc, batch, head_kv, n_start, seqlen_q, seqlen_k,
+                                 group_size, idx_base, count_base, partial_base, stride_ih, stride_ch, MaskBuf,
+                                 qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, MASK_MOD)),
+        (_dkdv_listed_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, q_ready,
+                                 do_ready, empty, dk_desc, dv_desc, batch, head_kv, n_start, seqlen_q, seqlen_k,
+                                 group_size, idx_base, count_base, partial_base, stride_ih, stride_ch, MaskBuf,
+                                 qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, MASK_MOD)),
+        (_dkdv_listed_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+                               lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty, batch, head_kv, n_start,
+                               heads_q, group_size, idx_base, count_base, stride_ih, stride_ch, HALF_N, BLOCK_M,
+                               NUM_STAGES)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
 # ----------------------------------------------------------------------------------------------
 # dQ
 # ----------------------------------------------------------------------------------------------
@@ -223,23 +367,25 @@ def _dkdv_kernel(
 @gluon.jit
 def _dq_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
                q_ready, k_ready, v_ready, k_empty, v_empty,
-               batch, head, head_kv, q_start, n_tiles,
+               batch, head, head_kv, q_start, n_tiles, tiles,
                HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """One warp: Q and dO halves once, then K and V tile j into slot j % NUM_STAGES."""
+    """One warp: Q and dO halves once, then K and V tile j (or tiles[j], a block mask's list)
+    into slot j % NUM_STAGES."""
     mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
     for h in gl.static_range(2):
         tma_load(q_desc, [batch, head, q_start + h * HALF_M, 0], q_ready, q_smem.index(h))
         tma_load(do_desc, [batch, head, q_start + h * HALF_M, 0], q_ready, do_smem.index(h))
     stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
-                    BLOCK_N, NUM_STAGES)
+                    BLOCK_N, NUM_STAGES, tiles)
 
 
 @gluon.jit
 def _dq_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                  dq_desc, LSE2_row, Delta_row, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
-                 softmax_scale, HEAD_DIM: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    """One warpgroup: query rows [q_start + half*HALF_M, +HALF_M), every K/V tile."""
+                 softmax_scale, tiles, n_masked, mask_buffer, HEAD_DIM: gl.constexpr, HALF_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr):
+    """One warpgroup: query rows [q_start + half*HALF_M, +HALF_M), every K/V tile (under
+    MASK_MOD a block mask's list: see gluon_common.hide_scores)."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)  # S, dP: HALF_M x BLOCK_N
     q_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dQ: HALF_M x HEAD_DIM
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=q_layout, k_width=2)
@@ -274,17 +420,21 @@ def _dq_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ready, k
             dp = warpgroup_mma(do_tile, v_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s, ))
             s = s * qk_scale - lse2[:, None]
-            # Only tiles crossing the end of the keys (rows of K are zero there, but P must be 0
-            # so no inf * 0 can reach dQ) or the causal diagonal are masked.
-            crosses = tile_start + BLOCK_N > seqlen_k
-            if CAUSAL:
-                crosses = crosses | (tile_start + BLOCK_N - 1 > first_row + shift)
-            if crosses:
-                cols = tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-                visible = (cols < seqlen_k)[None, :]
+            if MASK_MOD is None:
+                # Only tiles crossing the end of the keys (rows of K are zero there, but P must
+                # be 0 so no inf * 0 can reach dQ) or the causal diagonal are masked.
+                crosses = tile_start + BLOCK_N > seqlen_k
                 if CAUSAL:
-                    visible = visible & (cols[None, :] <= (rows + shift)[:, None])
-                s = gl.where(visible, s, -float("inf"))
+                    crosses = crosses | (tile_start + BLOCK_N - 1 > first_row + shift)
+                if crosses:
+                    cols = tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                    visible = (cols < seqlen_k)[None, :]
+                    if CAUSAL:
+                        visible = visible & (cols[None, :] <= (rows + shift)[:, None])
+                    s = gl.where(visible, s, -float("inf"))
+            else:  # a block mask's partial tiles (full ones never reach past the keys' end)
+                s = hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, first_row + shift, s_layout, BLOCK_N, False,
+                                tiles, n_masked, batch, head, mask_buffer, MASK_MOD)
             p = gl.exp2(s)
             dp = warpgroup_mma_wait(0, deps=(dp, ))
             ds = p * (dp - delta[:, None])
@@ -302,28 +452,11 @@ def _dq_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ready, k
 
 
 @gluon.jit
-def _dq_kernel(
-    q_desc, do_desc, k_desc, v_desc, dq_desc, LSE2, Delta, stride_lrow,
-    heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, qk_scale, softmax_scale,
-    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-):
-    """dQ (B, Hq, Sq, D) of one BLOCK_M-row Q tile of one head.
-
-    Grid: num_m_blocks * B * Hq, Q tiles fastest; num_warps=4. Descriptors: q/do/dq over
-    (B, Hq, Sq, D) with (1, 1, BLOCK_M / 2, D) blocks, k/v over (B, Hkv, Sk, D) with
-    (1, 1, BLOCK_N, D). LSE2, Delta: (B*Hq, S_pad) float32, row stride stride_lrow.
-    """
-    gl.static_assert(num_warps == 4)
-    HALF_M: gl.constexpr = BLOCK_M // 2
+def _dq_buffers(q_desc, do_desc, k_desc, v_desc, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The dQ kernels' Q and dO halves, K/V ring and mbarriers, allocated and initialised:
+    (q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty)."""
     dtype: gl.constexpr = q_desc.dtype
-    batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, heads_q, group_size,
-                                                              seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
-    bh = batch * heads_q + head
-    n_tiles = gl.cdiv(kv_end, BLOCK_N)  # may be 0 (causal, Sq > Sk): dQ = 0 is written
-    LSE2_row = LSE2 + bh.to(gl.int64) * stride_lrow
-    Delta_row = Delta + bh.to(gl.int64) * stride_lrow
-
     q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_M, HEAD_DIM], do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -340,14 +473,83 @@ def _dq_kernel(
         mbarrier.init(k_empty.index(i), count=2)
         mbarrier.init(v_empty.index(i), count=2)
     fence_async_shared()
+    return q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty
+
+
+@gluon.jit
+def _dq_kernel(
+    q_desc, do_desc, k_desc, v_desc, dq_desc, LSE2, Delta, stride_lrow,
+    heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, qk_scale, softmax_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    """dQ (B, Hq, Sq, D) of one BLOCK_M-row Q tile of one head.
+
+    Grid: num_m_blocks * B * Hq, Q tiles fastest; num_warps=4. Descriptors: q/do/dq over
+    (B, Hq, Sq, D) with (1, 1, BLOCK_M / 2, D) blocks, k/v over (B, Hkv, Sk, D) with
+    (1, 1, BLOCK_N, D). LSE2, Delta: (B*Hq, S_pad) float32, row stride stride_lrow.
+    """
+    gl.static_assert(num_warps == 4)
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, heads_q, group_size,
+                                                              seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
+    bh = batch * heads_q + head
+    n_tiles = gl.cdiv(kv_end, BLOCK_N)  # may be 0 (causal, Sq > Sk): dQ = 0 is written
+    LSE2_row = LSE2 + bh.to(gl.int64) * stride_lrow
+    Delta_row = Delta + bh.to(gl.int64) * stride_lrow
+    q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty = _dq_buffers(
+        q_desc, do_desc, k_desc, v_desc, HALF_M, HEAD_DIM, BLOCK_N, NUM_STAGES)
 
     gl.warp_specialize([
         (_dq_consumer, (0, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, dq_desc,
                         LSE2_row, Delta_row, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
-                        softmax_scale, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, CAUSAL)),
+                        softmax_scale, None, 0, None, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, CAUSAL, None)),
         (_dq_consumer, (1, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, dq_desc,
                         LSE2_row, Delta_row, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
-                        softmax_scale, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, CAUSAL)),
+                        softmax_scale, None, 0, None, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, CAUSAL, None)),
         (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
-                      k_empty, v_empty, batch, head, head_kv, q_start, n_tiles, HALF_M, BLOCK_N, NUM_STAGES)),
+                      k_empty, v_empty, batch, head, head_kv, q_start, n_tiles, None, HALF_M, BLOCK_N, NUM_STAGES)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+@gluon.jit
+def _dq_listed_kernel(
+    q_desc, do_desc, k_desc, v_desc, dq_desc, LSE2, Delta, stride_lrow,
+    KvIdx, KvPartial, KvCount, KvOrder, MaskBuf, stride_ib, stride_ih, stride_im, stride_cb, stride_ch,
+    heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, qk_scale, softmax_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    MASK_MOD: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    """_dq_kernel over a block mask's dQ lists (BlockMask.lists("dq"): BLOCK_M-row Q tiles,
+    BLOCK_N-key tiles, laid out as gluon_fwd._fwd_listed_kernel's), the partial tiles masked by
+    MASK_MOD. A Q tile with an empty list writes dQ = 0."""
+    gl.static_assert(num_warps == 4)
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    pid = gl.program_id(0)
+    bh = pid // num_m_blocks
+    batch = bh // heads_q
+    head = bh % heads_q
+    lists = batch * stride_cb + head * stride_ch
+    block_m = gl.load(KvOrder + lists + pid % num_m_blocks)  # the longest lists first
+    n_masked = gl.load(KvPartial + lists + block_m)
+    n_tiles = gl.load(KvCount + lists + block_m)
+    tiles = KvIdx + batch.to(gl.int64) * stride_ib + head.to(gl.int64) * stride_ih + block_m * stride_im
+    q_start = block_m * BLOCK_M
+    LSE2_row = LSE2 + bh.to(gl.int64) * stride_lrow
+    Delta_row = Delta + bh.to(gl.int64) * stride_lrow
+    q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty = _dq_buffers(
+        q_desc, do_desc, k_desc, v_desc, HALF_M, HEAD_DIM, BLOCK_N, NUM_STAGES)
+
+    gl.warp_specialize([
+        (_dq_consumer, (0, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, dq_desc,
+                        LSE2_row, Delta_row, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
+                        softmax_scale, tiles, n_masked, MaskBuf, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, False,
+                        MASK_MOD)),
+        (_dq_consumer, (1, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, dq_desc,
+                        LSE2_row, Delta_row, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
+                        softmax_scale, tiles, n_masked, MaskBuf, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, False,
+                        MASK_MOD)),
+        (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
+                      k_empty, v_empty, batch, head, head // group_size, q_start, n_tiles, tiles, HALF_M, BLOCK_N,
+                      NUM_STAGES)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

@@ -1,7 +1,8 @@
 """What the Gluon kernels (gluon_fwd.py, gluon_bwd.py, gluon_bwd_wide.py, gluon_bwd_fused.py)
 share: TMA copy names and the partition barrier across Triton versions, the register layout of a
-wgmma accumulator, the Q or key tile a program owns, and the loaders' rings (K/V tiles for the
-forward and dQ, Q-side tiles for dK/dV)."""
+wgmma accumulator, the Q or key tile a program owns, the loaders' rings (K/V tiles for the
+forward and dQ, Q-side tiles for dK/dV), and the masking of a Q-row tile's scores (dense or a
+block mask's list)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,44 @@ def stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v
         mbarrier.wait(v_empty.index(slot), free_phase)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
         tma_load(v_desc, [batch, head_kv, key_start, 0], v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                 CAUSAL: gl.constexpr, tiles, n_masked, batch, head, mask_buffer, MASK_MOD: gl.constexpr):
+    """Step j's scores s (rows × BLOCK_N) with the scores its rows do not see at -inf: the
+    forward's and the dQ kernels' masking (s raw or already scaled and shifted: -inf either way).
+
+    Dense (MASK_MOD None): key tile j; query row r sees keys up to r + ``shift``
+    (seqlen_k - seqlen_q: bottom-right aligned) under CAUSAL, ``diagonal`` being that bound
+    for the warpgroup's first row. Listed: key tile tiles[j] of a block mask's list, whose
+    first ``n_masked`` tiles evaluate MASK_MOD(batch, head, q_idx, kv_idx, mask_buffer) and
+    whose other (full) tiles are visible everywhere.
+    """
+    cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    if MASK_MOD is None:
+        # Only tiles that cross the end of the keys or the causal diagonal are masked: a
+        # branch uniform across the warpgroup keeps the index math out of the other tiles.
+        tile_start = j * BLOCK_N
+        crosses_end = tile_start + BLOCK_N > seqlen_k
+        if CAUSAL:
+            crosses = crosses_end | (tile_start + BLOCK_N - 1 > diagonal)
+        else:
+            crosses = crosses_end
+        if crosses:
+            cols = tile_start + gl.arange(0, BLOCK_N, layout=cols_layout)
+            visible = (cols < seqlen_k)[None, :]
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= (rows + shift)[:, None])
+            s = gl.where(visible, s, -float("inf"))
+    elif j < n_masked:
+        cols = gl.load(tiles + j) * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
+        # Indices clamped into range, as in fwd.py: a mask may index a tensor with them. Rows
+        # past the queries are never stored; columns past the keys are hidden here.
+        visible = MASK_MOD(batch, head, gl.minimum(rows, seqlen_q - 1)[:, None],
+                           gl.minimum(cols, seqlen_k - 1)[None, :], mask_buffer)
+        s = gl.where(visible & (cols < seqlen_k)[None, :], s, -float("inf"))
+    return s
 
 
 @gluon.jit

@@ -36,7 +36,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import accumulator_layout, q_tile_of_program, stream_kv_tiles, tma_load, tma_store
+from .gluon_common import (accumulator_layout, hide_scores, q_tile_of_program, stream_kv_tiles, tma_load,
+                           tma_store)
 
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -55,43 +56,6 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_
     tma_load(q_desc, [batch, head, q_start + HALF_M, 0], q_ready, q_smem.index(1))
     stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
                     BLOCK_N, NUM_STAGES, tiles)
-
-
-@gluon.jit
-def _hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                 CAUSAL: gl.constexpr, tiles, n_masked, batch, head, mask_buffer, MASK_MOD: gl.constexpr):
-    """Step j's raw scores s (rows × BLOCK_N) with the scores its rows do not see at -inf.
-
-    Dense (MASK_MOD None): key tile j; query row r sees keys up to r + ``shift``
-    (seqlen_k - seqlen_q: bottom-right aligned) under CAUSAL, ``diagonal`` being that bound
-    for the warpgroup's first row. Listed: key tile tiles[j] of a block mask's list, whose
-    first ``n_masked`` tiles evaluate MASK_MOD(batch, head, q_idx, kv_idx, mask_buffer) and
-    whose other (full) tiles are visible everywhere.
-    """
-    cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    if MASK_MOD is None:
-        # Only tiles that cross the end of the keys or the causal diagonal are masked: a
-        # branch uniform across the warpgroup keeps the index math out of the other tiles.
-        tile_start = j * BLOCK_N
-        crosses_end = tile_start + BLOCK_N > seqlen_k
-        if CAUSAL:
-            crosses = crosses_end | (tile_start + BLOCK_N - 1 > diagonal)
-        else:
-            crosses = crosses_end
-        if crosses:
-            cols = tile_start + gl.arange(0, BLOCK_N, layout=cols_layout)
-            visible = (cols < seqlen_k)[None, :]
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= (rows + shift)[:, None])
-            s = gl.where(visible, s, -float("inf"))
-    elif j < n_masked:
-        cols = gl.load(tiles + j) * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
-        # Indices clamped into range, as in fwd.py: a mask may index a tensor with them. Rows
-        # past the queries are never stored; columns past the keys are hidden here.
-        visible = MASK_MOD(batch, head, gl.minimum(rows, seqlen_q - 1)[:, None],
-                           gl.minimum(cols, seqlen_k - 1)[None, :], mask_buffer)
-        s = gl.where(visible & (cols < seqlen_k)[None, :], s, -float("inf"))
-    return s
 
 
 @gluon.jit
@@ -120,7 +84,7 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
               HEAD_DIM: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr):
     """One warpgroup: rows [q_start + half·HALF_M, +HALF_M) of the Q tile, every K/V tile (or
-    under MASK_MOD the block mask's list: see _hide_scores)."""
+    under MASK_MOD the block mask's list: see hide_scores)."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
     o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -145,7 +109,7 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
                       use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(0), count=1)
-    s = _hide_scores(s, rows, 0, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles, n_masked,
+    s = hide_scores(s, rows, 0, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles, n_masked,
                      batch, head, mask_buffer, MASK_MOD)
     p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
     for j in range(1, n_tiles):
@@ -162,7 +126,7 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
         acc = warpgroup_mma(p_low, v_smem.index(previous).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s, ))
         mbarrier.arrive(k_empty.index(slot), count=1)
-        s = _hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles, n_masked,
+        s = hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles, n_masked,
                          batch, head, mask_buffer, MASK_MOD)
         p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
         acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))

@@ -20,9 +20,9 @@ one writer. ``FLASHTILE_GLUON_BWD_FUSED`` chooses among the Gluon backwards the 
 backward (``deterministic=True``, or ``torch.use_deterministic_algorithms(True)``) always gets the
 seven-product kernels.
 
-A forward with a block mask (mask_mod) of 128-row Q tiles and 64- or 128-key K/V tiles runs
-gluon_fwd's block-sparse kernel under ``FLASHTILE_GLUON=1`` (under auto once
-``LISTED_UNDER_AUTO``); its backward stays on the Triton kernels.
+A call with a block mask (mask_mod) of 128-row Q tiles runs the block-sparse Gluon kernels:
+the forward (gluon_fwd) with 64- or 128-key K/V tiles, the backward (gluon_bwd) with 64-key
+backward tiles at head dims up to 128; under auto where ``LISTED_UNDER_AUTO`` says.
 
 Under ``auto`` a Gluon kernel that fails to build here (a Triton whose Gluon changed, a
 ptxas error) sends its calls back to the Triton kernels, with one warning naming the error;
@@ -200,8 +200,7 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
              and score_mod is None and band.left is None and band.right in (None, 0))
     if not plain or q.dtype not in (torch.bfloat16, torch.float16) or kernel_head_dim(q.shape[3]) is None:
         return False
-    if block_mask is not None and (backward or band.right is not None or choice == "auto" and not LISTED_UNDER_AUTO
-                                   or not listed_tiles_fit(block_mask, q.shape[3])):
+    if block_mask is not None and not _listed_takes(block_mask, q.shape[3], band, backward, choice):
         return False
     if any(t.dtype != q.dtype for t in (k, v, out, *grads)):  # one element type per kernel
         return False
@@ -216,8 +215,16 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     return all(tma.layout_addressable(t) for t in (q, k, v, out, *grads))
 
 
+def _listed_takes(block_mask, head_dim: int, band: Band, backward: bool, choice: str) -> bool:
+    """Whether the block-sparse Gluon kernels take a call with ``block_mask`` (the switch
+    ``choice`` already read): the mask alone, no causal band, tiles they run."""
+    if band.right is not None or (choice == "auto" and not LISTED_UNDER_AUTO[backward]):
+        return False
+    return listed_backward_fits(block_mask, head_dim) if backward else listed_tiles_fit(block_mask, head_dim)
+
+
 def _failure_key(backward: bool, q: torch.Tensor, *, causal: bool, listed: bool = False) -> tuple:
-    kernel = "backward" if backward else ("block-sparse forward" if listed else "forward")
+    kernel = ("block-sparse " if listed else "") + ("backward" if backward else "forward")
     return (kernel, q.shape[3], q.dtype, causal)
 
 
@@ -325,9 +332,15 @@ def _tile_descriptor(t: torch.Tensor, rows: int, width: int | None = None):
     return _descriptor(t, (1, 1, rows, width), _tile_layout(rows, width, t.dtype))
 
 
-# The block-sparse forward (gluon_fwd._fwd_listed_kernel) under FLASHTILE_GLUON=auto: off until
-# timed against the Triton kernels' block-sparse forward on the H200; FLASHTILE_GLUON=1 takes it.
-LISTED_UNDER_AUTO = False
+# The block-sparse kernels (gluon_fwd._fwd_listed_kernel; gluon_bwd._dkdv_listed_kernel and
+# _dq_listed_kernel) under FLASHTILE_GLUON / FLASHTILE_GLUON_BWD = auto, by backward (False:
+# the forward); =1 takes them wherever they fit.
+LISTED_UNDER_AUTO = {False: True, True: True}
+# The block-sparse backward's tiles: dK/dV 64 query rows past 128 keys in 2 stages (the dense
+# d128 kernel's), dQ 128 query rows past 64 keys in 3 stages (the dense d64 kernel's; at d128,
+# 160 KiB of shared memory).
+LISTED_BACKWARD_KEYS = 64
+LISTED_DKDV_STAGES, LISTED_DQ_STAGES = 2, 3
 
 
 def listed_tiles_fit(block_mask, head_dim: int) -> bool:
@@ -336,6 +349,27 @@ def listed_tiles_fit(block_mask, head_dim: int) -> bool:
     stages of 128 keys would need 256 KiB of shared memory)."""
     widths = (64, 128) if kernel_head_dim(head_dim) <= 128 else (64,)
     return block_mask.block_m == BLOCK_M and block_mask.block_n in widths
+
+
+def default_block_mask_tiles(q: torch.Tensor) -> tuple[int, int]:
+    """The tiles (block_m, block_n) of the block mask that attention() builds for a mask_mod
+    given without one: 128 × 128 where the block-sparse Gluon forward takes them (the dense
+    Gluon forward's tiles at d128), else the Triton kernels' 128 × 64 (wider tiles do not fit
+    their shared memory at every head dim and dtype). q: (B, S, H, D) or (B, H, S, D)."""
+    choice = setting()
+    wide = (q.is_cuda and not interpreting() and _unsupported(cuda_index(q.device)) is None
+            and q.dtype in (torch.bfloat16, torch.float16) and (kernel_head_dim(q.shape[-1]) or 512) <= 128
+            and (choice == "1" or choice == "auto" and LISTED_UNDER_AUTO[False]))
+    return (BLOCK_M, 128) if wide else (BLOCK_M, 64)
+
+
+def listed_backward_fits(block_mask, head_dim: int) -> bool:
+    """Whether the block-sparse Gluon backward runs ``block_mask``'s backward tiles: the dK/dV
+    kernel's 64-row Q tiles past 128 keys (BlockMask.dkdv_blocks) and the dQ kernel's 128-row Q
+    tiles past 64 keys (backward_blocks), at head dims up to 128 (d256's dK/dV is the wide
+    kernel, not written for lists)."""
+    return (kernel_head_dim(head_dim) <= 128 and block_mask.block_m == BLOCK_M
+            and block_mask.backward_block_n == LISTED_BACKWARD_KEYS)
 
 
 def _listed_stages(head_dim: int, block_n: int, seqlen_k: int) -> int:
@@ -468,13 +502,15 @@ def _takes_fused(q: torch.Tensor, head_dim: int, seqlen_k: int, causal: bool, s_
 
 
 def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq, dk, dv,
-             deterministic: bool = False) -> None:
+             deterministic: bool = False, block_mask=None) -> None:
     """Write dq (B, Hq, Sq, D) and dk, dv (B, Hkv, Sk, D). ``lse2`` and ``delta`` (B·Hq, S_pad),
     float32, S_pad a multiple of STATS_ROWS: LSE·log2(e) and rowsum(dO ∘ O) less any LSE
     gradient, padding rows (and rows that saw no key) +inf and 0, so their P is exactly 0 and
     no tile needs a row mask (launch.py's gluon_backward_stats writes them). D of any size up to
     256 runs the kernels of kernel_head_dim(D). ``deterministic``: the same bits on every call
-    (the seven-product kernels; the five-product one adds dQ in no fixed order)."""
+    (the seven-product kernels; the five-product one adds dQ in no fixed order). With
+    ``block_mask`` (listed_backward_fits; not causal) the block-sparse kernels visit its listed
+    tiles only, every output with one writer."""
     head_dim = kernel_head_dim(q.shape[3])  # the kernels' width: D, or D's columns and zeros
     built = {}
 
@@ -486,6 +522,8 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
             built[key] = _tile_descriptor(t, rows, head_dim)
         return built[key]
 
+    if block_mask is not None:
+        return _listed_backward(q, k, v, dout, lse2, delta, softmax_scale, dq, dk, dv, head_dim, tile, block_mask)
     if _takes_fused(q, head_dim, k.shape[2], causal, lse2.shape[1], deterministic):
         try:
             return _fused_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile)
@@ -566,6 +604,38 @@ def _fused_falls_back(error: BaseException, head_dim: int, dtype: torch.dtype, c
                       f"these calls run the seven-product kernels from now on. {FUSED_SWITCH}=0 skips it, "
                       f"{FUSED_SWITCH}=1 makes this an error.", RuntimeWarning, stacklevel=5)
     return True
+
+
+def _listed_backward(q, k, v, dout, lse2, delta, softmax_scale, dq, dk, dv, head_dim, tile, block_mask) -> None:
+    """gluon_bwd's dK/dV and dQ kernels over ``block_mask``'s backward lists (see backward)."""
+    gluon_bwd = _gluon()[3]
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    qk_scale = softmax_scale * LOG2E
+    mask = block_mask.mask
+    buffer = mask.buffer if mask.buffer is not None else block_mask.q_count  # any int32 pointer
+    rows, keys = block_mask.dkdv_blocks
+    (indices, partial, count, order, _), strides, _ = block_mask.lists("dkdv")
+    num_n_blocks = triton.cdiv(seqlen_k, keys)
+    fast_launch.launch(
+        gluon_bwd._dkdv_listed_kernel, (num_n_blocks * batch * heads_kv,),
+        tile(q, rows), tile(dout, rows), tile(k, keys // 2), tile(v, keys // 2), tile(dk, keys // 2),
+        tile(dv, keys // 2), _stats(lse2, rows), _stats(delta, rows), indices, partial, count, order, buffer, *strides,
+        heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, qk_scale, softmax_scale,
+        HEAD_DIM=head_dim, BLOCK_M=rows, BLOCK_N=keys, NUM_STAGES=LISTED_DKDV_STAGES, MASK_MOD=mask.triton_fn(),
+        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
+    )
+    rows, keys = block_mask.backward_blocks
+    (indices, partial, count, order, _), strides, _ = block_mask.lists("dq")
+    num_m_blocks = triton.cdiv(seqlen_q, rows)
+    fast_launch.launch(
+        gluon_bwd._dq_listed_kernel, (num_m_blocks * batch * heads_q,),
+        tile(q, rows // 2), tile(dout, rows // 2), tile(k, keys), tile(v, keys), tile(dq, rows // 2),
+        lse2, delta, lse2.stride(0), indices, partial, count, order, buffer, *strides,
+        heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks, qk_scale, softmax_scale,
+        HEAD_DIM=head_dim, BLOCK_M=rows, BLOCK_N=keys, NUM_STAGES=LISTED_DQ_STAGES, MASK_MOD=mask.triton_fn(),
+        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
+    )
 
 
 def _seven_product_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile) -> None:

@@ -267,10 +267,11 @@ def gluon_backward_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tenso
 
 
 def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale: float, causal: bool, dq, dk, dv,
-                    deterministic: bool = False) -> None:
+                    deterministic: bool = False, block_mask=None) -> None:
     """The Hopper backward (kernels/hopper.py) after a preprocess that writes its padded rows."""
     lse2, delta = gluon_backward_stats(out, dout, lse, dlse)
-    hopper.backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, deterministic=deterministic)
+    hopper.backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, deterministic=deterministic,
+                    block_mask=block_mask)
 
 
 def attention_backward_triton(
@@ -320,10 +321,10 @@ def attention_backward_triton(
                        backward=True, grads=(dout, dq, dk, dv)):
         try:
             _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, band.right == 0, dq, dk, dv,
-                            deterministic=deterministic)
+                            deterministic=deterministic, block_mask=block_mask)
             return None
         except Exception as error:  # a kernel that cannot be built here: Triton's, under auto
-            if not hopper.falls_back(error, q, backward=True, causal=band.right == 0):
+            if not hopper.falls_back(error, q, backward=True, causal=band.right == 0, listed=block_mask is not None):
                 raise
     head_dim_padded = _padded_head_dim(head_dim)
     causal_like = band.right is not None  # causal or a right window: the diagonal-heavy configs
