@@ -17,6 +17,7 @@ import torch
 import triton
 
 import flashtile
+from flashtile.block_mask import _same_offsets
 from flashtile.kernels import hopper
 from flashtile.mask_mods import (and_masks, causal_mask, dense_mask, document_mask, mask_mod, or_masks,
                                  prefix_lm_mask, sliding_window_mask)
@@ -290,8 +291,8 @@ def test_gpu_what_the_listed_forward_does_not_take_runs_on_the_triton_kernels(li
     monkeypatch.setenv("FLASHTILE_GLUON", "auto")
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "auto")
     flashtile.attention(qg, k, v, mask_mod=wide.mask, block_mask=wide).sum().backward()
-    taken = [wide] if hopper.LISTED_UNDER_AUTO else []
-    assert listed_calls.forward[1:] == taken and listed_calls.backward == taken
+    assert listed_calls.forward[1:] == ([wide] if hopper.LISTED_UNDER_AUTO[False] else [])
+    assert listed_calls.backward == ([wide] if hopper.LISTED_UNDER_AUTO[True] else [])
     monkeypatch.setenv("FLASHTILE_GLUON", "1")
     torch.testing.assert_close(flashtile.attention(q, k, v, mask_mod=wide.mask, block_mask=wide), reference,
                                atol=2e-2, rtol=2e-2)
@@ -313,13 +314,44 @@ def test_lists_of_one_tile_along_a_dim_are_handed_over(lengths, tiles):
     # found it (4 in the indices, 1 in the runs). An exact stride comparison refused these on the
     # H200 (the Triton backward of the block-sparse tests).
     bm = flashtile.create_block_mask(sink_64_and_window_300, 1, 1, *lengths, block_m=tiles[0], block_n=tiles[1])
+    one_tile_dims = 0
     for kernel in ("fwd", "dq", "dkdv"):
-        (idx, _, count, _, runs), strides, _ = bm.lists(kernel)
-        assert runs.shape == idx.shape and len(strides) == 5
+        (idx, partial, count, order, runs), strides, _ = bm.lists(kernel)
+        assert _same_offsets(runs, idx) and _same_offsets(order, count) and _same_offsets(partial, count)
+        assert strides[2] == idx.stride(2)
+        one_tile_dims += sum(n == 1 for n in idx.shape[2:])
+    if lengths == (203, 113):  # the H200's case: its transposed lists have one K/V tile
+        assert one_tile_dims >= 1
 
 
-def test_a_mask_mod_on_the_cpu_gets_the_triton_kernels_tiles():
-    assert hopper.default_block_mask_tiles(torch.zeros(1, 8, 2, 128, dtype=torch.bfloat16)) == (128, 64)
+def test_a_mask_mod_gets_wide_tiles_only_where_the_gluon_forward_would_take_the_call(monkeypatch):
+    assert hopper.default_block_mask_tiles(torch.zeros(1, 8, 2, 128, dtype=torch.bfloat16), 4096) == (128, 64)
+
+    class OnHopper:  # what default_block_mask_tiles reads of q, on a GPU that can run the kernels
+        is_cuda, device = True, torch.device("cuda", 0)
+
+        def __init__(self, head_dim, dtype=torch.bfloat16):
+            self.shape, self.dtype = (1, 8, 2, head_dim), dtype
+
+    monkeypatch.setattr(hopper, "_unsupported", lambda index: None)
+    monkeypatch.setattr(hopper, "interpreting", lambda: False)
+    monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
+    assert hopper.default_block_mask_tiles(OnHopper(128), 1024) == (128, 128)
+    assert hopper.default_block_mask_tiles(OnHopper(40), 1024) == (128, 128)  # timed (run on d64)
+    assert hopper.default_block_mask_tiles(OnHopper(64), 1024) == (128, 64)  # d64 below 4k keys: Triton
+    assert hopper.default_block_mask_tiles(OnHopper(64), 4096) == (128, 128)
+    assert hopper.default_block_mask_tiles(OnHopper(80), 4096) == (128, 64)  # not timed
+    assert hopper.default_block_mask_tiles(OnHopper(256), 4096) == (128, 64)  # 64-key tiles at d256
+    assert hopper.default_block_mask_tiles(OnHopper(128, torch.float32), 4096) == (128, 64)
+    monkeypatch.setitem(hopper.LISTED_UNDER_AUTO, False, False)
+    assert hopper.default_block_mask_tiles(OnHopper(128), 4096) == (128, 64)
+    monkeypatch.setenv("FLASHTILE_GLUON", "1")
+    assert hopper.default_block_mask_tiles(OnHopper(64), 1024) == (128, 128)
+    monkeypatch.setenv("FLASHTILE_GLUON", "0")
+    assert hopper.default_block_mask_tiles(OnHopper(128), 4096) == (128, 64)
+    monkeypatch.setenv("FLASHTILE_GLUON", "gluon")
+    with pytest.raises(ValueError, match="FLASHTILE_GLUON"):
+        hopper.default_block_mask_tiles(OnHopper(128), 4096)
 
 
 @pytest.mark.gpu
@@ -340,4 +372,5 @@ def test_gpu_a_mask_mod_without_a_block_mask_gets_wide_tiles_where_the_gluon_for
     run(128)
     assert len(listed_calls.forward) == 3
     # the Triton kernels, whose default is 64 keys (float32)
-    assert hopper.default_block_mask_tiles(torch.zeros(1, 8, 2, 128, device="cuda", dtype=torch.float32)) == (128, 64)
+    fp32 = torch.zeros(1, 8, 2, 128, device="cuda", dtype=torch.float32)
+    assert hopper.default_block_mask_tiles(fp32, 4096) == (128, 64)

@@ -104,10 +104,6 @@ def attention(
     )
     seqlen_q, seqlen_k = (q.shape[1], k.shape[1]) if layout == "bshd" else (q.shape[2], k.shape[2])
     check_bias(bias, (batch, heads_q, seqlen_q, seqlen_k), q.device)
-    mask_key = None
-    if mask_mod is not None or block_mask is not None:
-        mask_key = _register_block_mask(mask_mod, block_mask, causal, window_size, batch, heads_q, seqlen_q, seqlen_k,
-                                        q)
     seed = None
     if dropout_p > 0.0:
         if dropout_seed is None:  # on the device, from torch's generator: no host sync
@@ -118,6 +114,10 @@ def attention(
             seed = torch.tensor([dropout_seed], device=q.device, dtype=torch.int64)
     backend = select_backend(q.device, q.dtype)
     check_backend_limits(backend, q.dtype, headdim)
+    mask_key = None
+    if mask_mod is not None or block_mask is not None:
+        mask_key = _register_block_mask(mask_mod, block_mask, causal, window_size, batch, heads_q, seqlen_q, seqlen_k,
+                                        q, backend)
     # (score_mod is kept as a ScoreMod: a strong reference until the op has run)
     score_mod, score_key = _register_score_mod(score_mod, backend, heads_q, q, k, v, bias)
     band = normalize_window(causal, window_size)
@@ -148,20 +148,21 @@ def _register_score_mod(score_mod, backend: str, heads_q: int, q, k, v, bias):
     return mod, register_score_mod(mod)
 
 
-def _default_block_mask_tiles(q: torch.Tensor) -> tuple[int, int]:
+def _default_block_mask_tiles(q: torch.Tensor, seqlen_k: int, backend: str) -> tuple[int, int]:
     """Tiles of a block mask built for a mask_mod given without one: small in the interpreter
     (each tile costs it time), 128 × 128 where the block-sparse Gluon forward takes them
     (kernels/hopper.py), else 128 × 64."""
     if interpreting():
         return 16, 16
-    if q.is_cuda:
-        from .kernels import hopper  # (Triton's: only where a GPU runs the kernels)
+    if backend == "triton" and q.is_cuda:
+        from .kernels import hopper  # (Triton's: only where the Triton backend runs)
 
-        return hopper.default_block_mask_tiles(q)
+        return hopper.default_block_mask_tiles(q, seqlen_k)
     return 128, 64
 
 
-def _register_block_mask(mask, block_mask, causal, window_size, batch, heads_q, seqlen_q, seqlen_k, q) -> str:
+def _register_block_mask(mask, block_mask, causal, window_size, batch, heads_q, seqlen_q, seqlen_k, q,
+                         backend: str) -> str:
     """Check a mask_mod / block_mask pair, build the block mask if needed (on q's device), and name
     it for the ops."""
     device = q.device
@@ -174,7 +175,7 @@ def _register_block_mask(mask, block_mask, causal, window_size, batch, heads_q, 
                                "(bm = flashtile.create_block_mask(mask, ...)) and pass block_mask=bm")
         mask = as_mask_mod(mask)
         per_batch, per_head = depends_on_batch_and_head(mask)
-        tiles = _default_block_mask_tiles(q)
+        tiles = _default_block_mask_tiles(q, seqlen_k, backend)
         block_mask = create_block_mask(mask, batch if per_batch else 1, heads_q if per_head else 1, seqlen_q,
                                        seqlen_k, device, *tiles)
     elif not isinstance(block_mask, BlockMask):

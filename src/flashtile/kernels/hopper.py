@@ -351,15 +351,22 @@ def listed_tiles_fit(block_mask, head_dim: int) -> bool:
     return block_mask.block_m == BLOCK_M and block_mask.block_n in widths
 
 
-def default_block_mask_tiles(q: torch.Tensor) -> tuple[int, int]:
+def default_block_mask_tiles(q: torch.Tensor, seqlen_k: int) -> tuple[int, int]:
     """The tiles (block_m, block_n) of the block mask that attention() builds for a mask_mod
-    given without one: 128 × 128 where the block-sparse Gluon forward takes them (the dense
-    Gluon forward's tiles at d128), else the Triton kernels' 128 × 64 (wider tiles do not fit
-    their shared memory at every head dim and dtype). q: (B, S, H, D) or (B, H, S, D)."""
-    choice = setting()
-    wide = (q.is_cuda and not interpreting() and _unsupported(cuda_index(q.device)) is None
-            and q.dtype in (torch.bfloat16, torch.float16) and (kernel_head_dim(q.shape[-1]) or 512) <= 128
-            and (choice == "1" or choice == "auto" and LISTED_UNDER_AUTO[False]))
+    given without one: 128 × 128 where the block-sparse Gluon forward would take the call as
+    eligible() decides for a plain one (the dense Gluon forward's tiles at d128), else the
+    Triton kernels' 128 × 64 (wider tiles do not fit their shared memory at every head dim and
+    dtype, and were not timed there). q: (B, S, H, D) or (B, H, S, D)."""
+    head_dim = q.shape[-1]
+    if (not q.is_cuda or interpreting() or _unsupported(cuda_index(q.device)) is not None
+            or q.dtype not in (torch.bfloat16, torch.float16) or (kernel_head_dim(head_dim) or 512) > 128):
+        return BLOCK_M, 64
+    choice = setting()  # read here: a typo in it matters only where Gluon could run
+    if choice == "auto":
+        wide = (LISTED_UNDER_AUTO[False] and measured_faster(head_dim, seqlen_k, backward=False)
+                and _failure_key(False, q, causal=False, listed=True) not in _FAILED)
+    else:
+        wide = choice == "1"
     return (BLOCK_M, 128) if wide else (BLOCK_M, 64)
 
 
