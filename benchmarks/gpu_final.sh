@@ -2,7 +2,7 @@
 # The GPU check of a whole tree, in three device calls that each fit the 10-minute limit:
 #   bash benchmarks/gpu_final.sh tests   # every test file on the GPU (gpu-marked ones included);
 #                                        # TESTS="tests/a.py tests/b.py" picks files or node ids;
-#                                        # the whole suite takes two calls now: tests-a, then tests-b
+#                                        # the whole suite takes three calls now: tests-a, tests-b, tests-c
 #   bash benchmarks/gpu_final.sh bench   # speed, decode bandwidth, variants, masks, memory, sanitizer
 #   bash benchmarks/gpu_final.sh extra   # old-vs-new speed (OLD_SRC), ring attention (2 GPUs)
 #   bash benchmarks/gpu_final.sh io      # the IO model against Nsight Compute's DRAM bytes
@@ -78,15 +78,19 @@ gluon_tests() {
 # deterministic call, CUDA-graph replay, the auto rule): fused39's and launch39's selection.
 FUSED_SELECTION="fused or deterministic or backward or same_bits or replay or by_default"
 # The whole suite no longer fits one call (session 13: 1323 of 2111 tests in 470 s on 8 workers,
-# about 5300 worker-seconds in all): tests-a runs the two heaviest files, tests-b the rest.
+# about 5300 worker-seconds in all), nor two (session 14: tests-a, the two heaviest files, in 528
+# s on 10 workers; the rest cut at 330 s after 1505 of 1698 tests on 12): tests-a runs the two
+# heaviest files, tests-b the Gluon and TMA files, tests-c the rest.
 HEAVY_TESTS="tests/test_kernels.py tests/test_properties.py"
+GLUON_TESTS="tests/test_gluon.py tests/test_gluon_listed.py tests/test_tma.py"
 case ${1:-tests} in
-  tests-a|tests-b)
-    if [[ $1 == tests-a ]]; then
-      files=$HEAVY_TESTS
-    else
-      files=$(ls tests/test_*.py | grep -v -x -F -f <(tr ' ' '\n' <<< "$HEAVY_TESTS") | tr '\n' ' ')
-    fi
+  tests-a|tests-b|tests-c)
+    case $1 in
+      tests-a) files=$HEAVY_TESTS ;;
+      tests-b) files=$GLUON_TESTS ;;
+      tests-c) files=$(ls tests/test_*.py | grep -v -x -F -f <(tr ' ' '\n' <<< "$HEAVY_TESTS $GLUON_TESTS") \
+               | tr '\n' ' ') ;;
+    esac
     TESTS=$files bash "$0" tests ;;
   tests)
     # Results stream to report.tsv as each test ends (tools/stream_report.py), so a run cut
