@@ -45,8 +45,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 
 from .gluon_common import (accumulator_layout, hide_scores, init_q_ring_barriers, key_tile_of_program,
-                           q_ring_barriers, q_ring_buffers, q_tile_of_program, stream_kv_tiles, stream_q_tiles,
-                           tma_load, tma_store)
+                           kv_ring_barriers, kv_ring_buffers, load_q_side_tile, q_ring_barriers, q_ring_buffers,
+                           q_tile_of_program, stream_kv_tiles, stream_q_tiles, tma_load, tma_store)
 
 
 
@@ -57,6 +57,30 @@ from .gluon_common import (accumulator_layout, hide_scores, init_q_ring_barriers
 
 
 @gluon.jit
+def load_kv_halves(k_desc, v_desc, k_smem, v_smem, kv_ready, batch, head_kv, n_start, HALF_N: gl.constexpr):
+    """A dK/dV CTA's keys n_start.. as two halves of HALF_N rows of K and V, half h on kv_ready[h]."""
+    for h in gl.static_range(2):
+        mbarrier.expect(kv_ready.index(h), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma_load(k_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), k_smem.index(h))
+        tma_load(v_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), v_smem.index(h))
+
+
+@gluon.jit
+def store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, batch, head_kv, key_first, half: gl.constexpr,
+               softmax_scale, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """A dK/dV warpgroup's epilogue: dK·softmax_scale and dV of its keys key_first.. staged in its
+    K and V halves (dead: every product that read them retired) and TMA-stored, clipped at the
+    keys' end."""
+    dtype: gl.constexpr = k_smem.dtype
+    k_smem.index(half).reshape([HALF_N, HEAD_DIM]).store((dk * softmax_scale).to(dtype))
+    v_smem.index(half).reshape([HALF_N, HEAD_DIM]).store(dv.to(dtype))
+    fence_async_shared()
+    tma_store(dk_desc, [batch, head_kv, key_first, 0], k_smem.index(half))
+    tma_store(dv_desc, [batch, head_kv, key_first, 0], v_smem.index(half))
+    tma.store_wait(0)
+
+
+@gluon.jit
 def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                  q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
                  kv_ready, q_ready, do_ready, empty,
@@ -64,10 +88,7 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                  HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
     """One warp: K, V halves once; then (Q, lse2) and (dO, Delta) of every visited Q tile of
     every query head of the group, tile `it` into slot it % NUM_STAGES."""
-    for h in gl.static_range(2):
-        mbarrier.expect(kv_ready.index(h), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma_load(k_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), k_smem.index(h))
-        tma_load(v_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), v_smem.index(h))
+    load_kv_halves(k_desc, v_desc, k_smem, v_smem, kv_ready, batch, head_kv, n_start, HALF_N)
     stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready,
                    empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks, BLOCK_M, NUM_STAGES)
 
@@ -141,7 +162,6 @@ def _dkdv_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem
     """One warpgroup: keys [n_start + half*HALF_N, +HALF_N), every streamed Q tile."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # S^T, dP^T: HALF_N keys x BLOCK_M queries
     kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N x HEAD_DIM
-    dtype: gl.constexpr = k_smem.dtype
 
     key_first = n_start + half * HALF_N
     keys = key_first + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
@@ -177,12 +197,8 @@ def _dkdv_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem
         mbarrier.arrive(empty.index(slot), count=1)
 
     # Epilogue: K and V halves are dead (every wgmma reading them retired): stage dK, dV there.
-    k_tile.store((dk * softmax_scale).to(dtype))
-    v_tile.store(dv.to(dtype))
-    fence_async_shared()
-    tma_store(dk_desc, [batch, head_kv, key_first, 0], k_smem.index(half))
-    tma_store(dv_desc, [batch, head_kv, key_first, 0], v_smem.index(half))
-    tma.store_wait(0)
+    store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, batch, head_kv, key_first, half, softmax_scale, HALF_N,
+               HEAD_DIM)
 
 
 @gluon.jit
@@ -235,10 +251,7 @@ def _dkdv_listed_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                         HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
     """One warp: K, V halves once; then, for each query head of the group, (Q, lse2) and
     (dO, Delta) of the Q tiles its block-mask list names, step ``it`` into slot it % NUM_STAGES."""
-    for h in gl.static_range(2):
-        mbarrier.expect(kv_ready.index(h), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma_load(k_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), k_smem.index(h))
-        tma_load(v_desc, [batch, head_kv, n_start + h * HALF_N, 0], kv_ready.index(h), v_smem.index(h))
+    load_kv_halves(k_desc, v_desc, k_smem, v_smem, kv_ready, batch, head_kv, n_start, HALF_N)
     it = 0
     for g in range(group_size):
         head = head_kv * group_size + g
@@ -249,12 +262,8 @@ def _dkdv_listed_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
             slot = it % NUM_STAGES
             # a fresh mbarrier has completed the phase "before 0": the first lap passes at once
             mbarrier.wait(empty.index(slot), ((it // NUM_STAGES) & 1) ^ 1)
-            mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-            tma_load(q_desc, [batch, head, m_start, 0], q_ready.index(slot), q_smem.index(slot))
-            tma_load(lse_desc, [row, m_start], q_ready.index(slot), lse_smem.index(slot))
-            mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-            tma_load(do_desc, [batch, head, m_start, 0], do_ready.index(slot), do_smem.index(slot))
-            tma_load(delta_desc, [row, m_start], do_ready.index(slot), delta_smem.index(slot))
+            load_q_side_tile(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready,
+                             do_ready, slot, batch, head, row, m_start)
             it += 1
 
 
@@ -269,7 +278,6 @@ def _dkdv_listed_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, l
     listed Q tiles of each query head of the group, the partial ones (listed first) masked."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)
     kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
-    dtype: gl.constexpr = k_smem.dtype
 
     key_first = n_start + half * HALF_N
     keys = key_first + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
@@ -300,12 +308,8 @@ def _dkdv_listed_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, l
             it += 1
 
     # Epilogue as _dkdv_consumer's: K and V halves are dead, dK and dV staged there.
-    k_tile.store((dk * softmax_scale).to(dtype))
-    v_tile.store(dv.to(dtype))
-    fence_async_shared()
-    tma_store(dk_desc, [batch, head_kv, key_first, 0], k_smem.index(half))
-    tma_store(dv_desc, [batch, head_kv, key_first, 0], v_smem.index(half))
-    tma.store_wait(0)
+    store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, batch, head_kv, key_first, half, softmax_scale, HALF_N,
+               HEAD_DIM)
 
 
 @gluon.jit
@@ -459,19 +463,8 @@ def _dq_buffers(q_desc, do_desc, k_desc, v_desc, HALF_M: gl.constexpr, HEAD_DIM:
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_M, HEAD_DIM], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
+    k_smem, v_smem = kv_ring_buffers(k_desc, v_desc, BLOCK_N, HEAD_DIM, NUM_STAGES)
+    q_ready, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(NUM_STAGES)
     fence_async_shared()
     return q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty
 

@@ -46,9 +46,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_bwd import _dkdv_loader, _dkdv_tile
+from .gluon_bwd import _dkdv_loader, _dkdv_tile, store_dkdv
 from .gluon_common import (accumulator_layout, init_q_ring_barriers, key_tile_of_program, partition_barrier,
-                           q_ring_barriers, q_ring_buffers, tma_store)
+                           q_ring_barriers, q_ring_buffers)
 
 
 @gluon.jit
@@ -134,12 +134,8 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
     partition_barrier()
     mbarrier.arrive(ds_full.index(total % 2), count=1)
     mbarrier.wait(ds_full.index(total % 2), (total // 2) & 1)
-    k_tile.store((dk * softmax_scale).to(dtype))
-    v_tile.store(dv.to(dtype))
-    fence_async_shared()
-    tma_store(dk_desc, [batch, head_kv, key_first, 0], k_smem.index(half))
-    tma_store(dv_desc, [batch, head_kv, key_first, 0], v_smem.index(half))
-    tma.store_wait(0)
+    store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, batch, head_kv, key_first, half, softmax_scale, HALF_N,
+               HEAD_DIM)
 
 
 @gluon.jit

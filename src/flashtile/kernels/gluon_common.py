@@ -181,6 +181,48 @@ def init_q_ring_barriers(q_ready, do_ready, empty, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
+def load_q_side_tile(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready,
+                     slot, batch, head, row, m_start):
+    """Into ring slot ``slot`` of the dK/dV kernels: (Q, lse2) of rows m_start.. of (batch,
+    head) on q_ready, (dO, Delta) on do_ready; ``row`` is the head's row of the stats buffers."""
+    mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
+    tma_load(q_desc, [batch, head, m_start, 0], q_ready.index(slot), q_smem.index(slot))
+    tma_load(lse_desc, [row, m_start], q_ready.index(slot), lse_smem.index(slot))
+    mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+    tma_load(do_desc, [batch, head, m_start, 0], do_ready.index(slot), do_smem.index(slot))
+    tma_load(delta_desc, [row, m_start], do_ready.index(slot), delta_smem.index(slot))
+
+
+@gluon.jit
+def kv_ring_buffers(k_desc, v_desc, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The forward's and dQ kernels' ring of NUM_STAGES K and V tiles of BLOCK_N rows."""
+    dtype: gl.constexpr = k_desc.dtype
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    return k_smem, v_smem
+
+
+@gluon.jit
+def kv_ring_barriers(NUM_STAGES: gl.constexpr):
+    """(q_ready, k_ready, v_ready, k_empty, v_empty) of the forward and dQ kernels, allocated and
+    initialised: the CTA's Q-side tiles land on q_ready, each ring slot's K and V on their own
+    "ready" barriers (the TMA unit arrives), and a slot is empty once both consumer warpgroups
+    have arrived."""
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(v_empty.index(i), count=2)
+    return q_ready, k_ready, v_ready, k_empty, v_empty
+
+
+@gluon.jit
 def stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready,
                    empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
                    BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
@@ -195,15 +237,10 @@ def stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_s
     m_start = first_tile * BLOCK_M
     head = head_kv * group_size
     for it in range(total):
-        row = batch * heads_q + head
         # a fresh mbarrier has completed the phase "before 0": the first lap passes at once
         mbarrier.wait(empty.index(slot), phase ^ 1)
-        mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-        tma_load(q_desc, [batch, head, m_start, 0], q_ready.index(slot), q_smem.index(slot))
-        tma_load(lse_desc, [row, m_start], q_ready.index(slot), lse_smem.index(slot))
-        mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-        tma_load(do_desc, [batch, head, m_start, 0], do_ready.index(slot), do_smem.index(slot))
-        tma_load(delta_desc, [row, m_start], do_ready.index(slot), delta_smem.index(slot))
+        load_q_side_tile(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready,
+                         do_ready, slot, batch, head, batch * heads_q + head, m_start)
         m_start += BLOCK_M
         if m_start == n_q_blocks * BLOCK_M:
             m_start = first_tile * BLOCK_M

@@ -36,8 +36,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import (accumulator_layout, hide_scores, q_tile_of_program, stream_kv_tiles, tma_load,
-                           tma_store)
+from .gluon_common import (accumulator_layout, hide_scores, kv_ring_barriers, kv_ring_buffers, q_tile_of_program,
+                           stream_kv_tiles, tma_load, tma_store)
 
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -158,21 +158,9 @@ def _pipeline_buffers(q_desc, k_desc, v_desc, HALF_M: gl.constexpr, HEAD_DIM: gl
                       NUM_STAGES: gl.constexpr):
     """The Q tile's two halves, the K/V ring and their mbarriers, allocated and initialised:
     (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty)."""
-    dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, HALF_M, HEAD_DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
-        mbarrier.init(v_empty.index(i), count=2)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, 1, HALF_M, HEAD_DIM], q_desc.layout)
+    k_smem, v_smem = kv_ring_buffers(k_desc, v_desc, BLOCK_N, HEAD_DIM, NUM_STAGES)
+    q_ready, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(NUM_STAGES)
     fence_async_shared()  # the inits visible to the TMA unit before its first copy
     return q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty
 
