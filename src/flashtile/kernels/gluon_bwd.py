@@ -45,8 +45,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 
 from .gluon_common import (accumulator_layout, hide_scores, init_q_ring_barriers, key_tile_of_program,
-                           kv_ring_barriers, kv_ring_buffers, load_q_side_tile, q_ring_barriers, q_ring_buffers,
-                           q_tile_of_program, stream_kv_tiles, stream_q_tiles, tma_load, tma_store)
+                           kv_ring_barriers, kv_ring_buffers, listed_q_tile_of_program, load_q_side_tile,
+                           q_ring_barriers, q_ring_buffers, q_tile_of_program, stream_kv_tiles, stream_q_tiles,
+                           tma_load, tma_store)
 
 
 
@@ -518,15 +519,10 @@ def _dq_listed_kernel(
     MASK_MOD. A Q tile with an empty list writes dQ = 0."""
     gl.static_assert(num_warps == 4)
     HALF_M: gl.constexpr = BLOCK_M // 2
-    pid = gl.program_id(0)
-    bh = pid // num_m_blocks
-    batch = bh // heads_q
-    head = bh % heads_q
-    lists = batch * stride_cb + head * stride_ch
-    block_m = gl.load(KvOrder + lists + pid % num_m_blocks)  # the longest lists first
-    n_masked = gl.load(KvPartial + lists + block_m)
-    n_tiles = gl.load(KvCount + lists + block_m)
-    tiles = KvIdx + batch.to(gl.int64) * stride_ib + head.to(gl.int64) * stride_ih + block_m * stride_im
+    batch, head, block_m, n_masked, n_tiles, tiles = listed_q_tile_of_program(
+        gl.program_id(0), num_m_blocks, heads_q, KvIdx, KvPartial, KvCount, KvOrder, stride_ib, stride_ih, stride_im,
+        stride_cb, stride_ch)
+    bh = gl.program_id(0) // num_m_blocks  # batch * heads_q + head
     q_start = block_m * BLOCK_M
     LSE2_row = LSE2 + bh.to(gl.int64) * stride_lrow
     Delta_row = Delta + bh.to(gl.int64) * stride_lrow

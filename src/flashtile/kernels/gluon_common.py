@@ -118,6 +118,26 @@ def q_tile_of_program(pid, num_m_blocks, heads_q, group_size, seqlen_q, seqlen_k
 
 
 @gluon.jit
+def listed_q_tile_of_program(pid, num_m_blocks, heads_q, KvIdx, KvPartial, KvCount, KvOrder, stride_ib, stride_ih,
+                             stride_im, stride_cb, stride_ch):
+    """(batch, head, block_m, n_partial, n_visited, tiles) of program ``pid`` of a block-sparse
+    forward or dQ kernel: the Q tile ``block_m`` that the block mask's schedule (KvOrder, the most
+    visited Q tiles first, so that the grid does not end on them alone) gives the program's slot,
+    its counts of partial and of visited K/V tiles, and ``tiles``, its list of K/V tile numbers
+    (partial ones first). The lists' layout is block_mask.py's; strides are 0 along a dim the
+    mask ignores."""
+    bh = pid // num_m_blocks
+    batch = bh // heads_q
+    head = bh % heads_q
+    lists = batch * stride_cb + head * stride_ch
+    block_m = gl.load(KvOrder + lists + pid % num_m_blocks)
+    n_partial = gl.load(KvPartial + lists + block_m)
+    n_visited = gl.load(KvCount + lists + block_m)
+    tiles = KvIdx + batch.to(gl.int64) * stride_ib + head.to(gl.int64) * stride_ih + block_m * stride_im
+    return batch, head, block_m, n_partial, n_visited, tiles
+
+
+@gluon.jit
 def key_tile_of_program(pid, num_n_blocks, heads_kv, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """(batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks) of program ``pid`` of a

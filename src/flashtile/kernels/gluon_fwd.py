@@ -36,8 +36,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import (accumulator_layout, hide_scores, kv_ring_barriers, kv_ring_buffers, q_tile_of_program,
-                           stream_kv_tiles, tma_load, tma_store)
+from .gluon_common import (accumulator_layout, hide_scores, kv_ring_barriers, kv_ring_buffers,
+                           listed_q_tile_of_program, q_tile_of_program, stream_kv_tiles, tma_load, tma_store)
 
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -223,17 +223,9 @@ def _fwd_listed_kernel(
     """
     gl.static_assert(num_warps == 4)
     HALF_M: gl.constexpr = BLOCK_M // 2
-    pid = gl.program_id(0)
-    bh = pid // num_m_blocks
-    batch = bh // num_heads_q
-    head = bh % num_heads_q
-    lists = batch * stride_cb + head * stride_ch
-    # The block mask's schedule: the Q tiles that visit the most K/V tiles start first, so the
-    # grid does not end on them alone.
-    block_m = gl.load(KvOrder + lists + pid % num_m_blocks)
-    n_partial = gl.load(KvPartial + lists + block_m)
-    n_visited = gl.load(KvCount + lists + block_m)
-    tiles = KvIdx + batch.to(gl.int64) * stride_ib + head.to(gl.int64) * stride_ih + block_m * stride_im
+    batch, head, block_m, n_partial, n_visited, tiles = listed_q_tile_of_program(
+        gl.program_id(0), num_m_blocks, num_heads_q, KvIdx, KvPartial, KvCount, KvOrder, stride_ib, stride_ih,
+        stride_im, stride_cb, stride_ch)
     # A Q tile that sees no key still runs one step, over the first tile of its list (every
     # tile is empty for it) with the mask evaluated: every score hidden, so O = 0, LSE = -inf.
     n_tiles = gl.maximum(n_visited, 1)
