@@ -116,6 +116,12 @@ class BlockMask:
         return (idx, partial, count, order, runs), strides, getattr(self, f"{prefix}_full_range")
 
     @property
+    def mask_buffer(self) -> torch.Tensor:
+        """The int32 tensor the mask reads, or (for a mask that reads none) any int32 tensor of
+        this block mask: the Gluon kernels take a pointer either way."""
+        return self.mask.buffer if self.mask.buffer is not None else self.kv_count
+
+    @property
     def visited_fraction(self) -> float:
         """Visited tiles over all tiles: what the kernels' cost scales with."""
         tiles = self.kv_indices.shape[-2] * self.kv_indices.shape[-1] * self.batch * self.heads

@@ -189,16 +189,14 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     """Whether this forward call (or with ``backward``, this backward call) can run on the
     Gluon kernels. q/out: (B, Hq, Sq, D), k/v: (B, Hkv, Sk, D), views of any strides;
     ``grads``: the backward's dout, dq, dk, dv, which TMA must address too."""
-    if interpreting() or not q.is_cuda:
-        return False
-    if _unsupported(cuda_index(q.device)) is not None:
+    if not _device_runs_them(q):
         return False
     choice = setting(backward)  # read here: a typo in it matters only where Gluon could run
     if choice == "0":
         return False
     plain = (softcap == 0 and alibi_slopes is None and bias is None and dropout_p == 0 and varlen is None
              and score_mod is None and band.left is None and band.right in (None, 0))
-    if not plain or q.dtype not in (torch.bfloat16, torch.float16) or kernel_head_dim(q.shape[3]) is None:
+    if not plain or q.dtype not in DTYPES or kernel_head_dim(q.shape[3]) is None:
         return False
     if block_mask is not None and not _listed_takes(block_mask, q.shape[3], band, backward, choice):
         return False
@@ -206,13 +204,27 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         return False
     if q.numel() == 0 or k.numel() == 0:  # the public API rejects these; a direct op call may not
         return False
-    if choice == "auto" and not measured_faster(q.shape[3], k.shape[2], backward, causal=band.right == 0):
-        return False
-    if choice == "auto" and _failure_key(backward, q, causal=band.right == 0, listed=block_mask is not None) in _FAILED:
+    if choice == "auto" and not _auto_takes(q, k.shape[2], backward, band.right == 0, block_mask is not None):
         return False
     # The device was checked above, once: every tensor here is on q's (the API checks k and v;
     # out and the gradients are made there), so only each one's layout is left to check.
     return all(tma.layout_addressable(t) for t in (q, k, v, out, *grads))
+
+
+DTYPES = (torch.bfloat16, torch.float16)  # the kernels' element types
+
+
+def _device_runs_them(q: torch.Tensor) -> bool:
+    """Whether q's device runs the Gluon kernels: a CUDA tensor outside the interpreter, on a GPU
+    that _unsupported() passes."""
+    return not interpreting() and q.is_cuda and _unsupported(cuda_index(q.device)) is None
+
+
+def _auto_takes(q: torch.Tensor, seqlen_k: int, backward: bool, causal: bool, listed: bool) -> bool:
+    """Under auto, whether a call the kernels cover takes them: measured faster at its head dim
+    and length (measured_faster), and its kernel not recorded as failing to build here."""
+    return (measured_faster(q.shape[-1], seqlen_k, backward, causal=causal)
+            and _failure_key(backward, q, causal=causal, listed=listed) not in _FAILED)
 
 
 def _listed_takes(block_mask, head_dim: int, band: Band, backward: bool, choice: str) -> bool:
@@ -231,8 +243,8 @@ def _failure_key(backward: bool, q: torch.Tensor, *, causal: bool, listed: bool 
 def falls_back(error: BaseException, q: torch.Tensor, *, backward: bool, causal: bool, listed: bool = False) -> bool:
     """Whether a call whose Gluon launch raised ``error`` should run the Triton kernels instead:
     under ``auto``, when the kernel could not be built (BUILD_ERRORS). The kernel (``listed``:
-    the block-sparse forward) is then remembered as broken for this process, and a warning
-    says so once."""
+    the block-sparse one) is then remembered as broken for this process, and a warning says so
+    once."""
     if setting(backward) != "auto" or not _is_build_error(error):
         return False
     key = _failure_key(backward, q, causal=causal, listed=listed)
@@ -357,14 +369,11 @@ def default_block_mask_tiles(q: torch.Tensor, seqlen_k: int) -> tuple[int, int]:
     eligible() decides for a plain one (the dense Gluon forward's tiles at d128), else the
     Triton kernels' 128 × 64 (wider tiles do not fit their shared memory at every head dim and
     dtype, and were not timed there). q: (B, S, H, D) or (B, H, S, D)."""
-    head_dim = q.shape[-1]
-    if (not q.is_cuda or interpreting() or _unsupported(cuda_index(q.device)) is not None
-            or q.dtype not in (torch.bfloat16, torch.float16) or (kernel_head_dim(head_dim) or 512) > 128):
+    if not _device_runs_them(q) or q.dtype not in DTYPES or (kernel_head_dim(q.shape[-1]) or 512) > 128:
         return BLOCK_M, 64
     choice = setting()  # read here: a typo in it matters only where Gluon could run
     if choice == "auto":
-        wide = (LISTED_UNDER_AUTO[False] and measured_faster(head_dim, seqlen_k, backward=False)
-                and _failure_key(False, q, causal=False, listed=True) not in _FAILED)
+        wide = LISTED_UNDER_AUTO[False] and _auto_takes(q, seqlen_k, False, False, True)
     else:
         wide = choice == "1"
     return (BLOCK_M, 128) if wide else (BLOCK_M, 64)
@@ -420,7 +429,7 @@ def _listed_forward(gluon_fwd, q, k, v, out, lse, softmax_scale, block_mask, hea
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     block_n = block_mask.block_n
     (indices, partial, count, order, _), strides, _ = block_mask.lists("fwd")
-    buffer = block_mask.mask.buffer if block_mask.mask.buffer is not None else count  # any int32 pointer
+    buffer = block_mask.mask_buffer
     fast_launch.launch(
         gluon_fwd._fwd_listed_kernel, (num_m_blocks * batch * heads_q,),
         _tile_descriptor(q, BLOCK_M // 2, head_dim), _tile_descriptor(k, block_n, head_dim),
@@ -620,7 +629,7 @@ def _listed_backward(q, k, v, dout, lse2, delta, softmax_scale, dq, dk, dv, head
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     qk_scale = softmax_scale * LOG2E
     mask = block_mask.mask
-    buffer = mask.buffer if mask.buffer is not None else block_mask.q_count  # any int32 pointer
+    buffer = block_mask.mask_buffer
     rows, keys = block_mask.dkdv_blocks
     (indices, partial, count, order, _), strides, _ = block_mask.lists("dkdv")
     num_n_blocks = triton.cdiv(seqlen_k, keys)
