@@ -425,21 +425,11 @@ def _dq_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ready, k
             dp = warpgroup_mma(do_tile, v_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s, ))
             s = s * qk_scale - lse2[:, None]
-            if MASK_MOD is None:
-                # Only tiles crossing the end of the keys (rows of K are zero there, but P must
-                # be 0 so no inf * 0 can reach dQ) or the causal diagonal are masked.
-                crosses = tile_start + BLOCK_N > seqlen_k
-                if CAUSAL:
-                    crosses = crosses | (tile_start + BLOCK_N - 1 > first_row + shift)
-                if crosses:
-                    cols = tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-                    visible = (cols < seqlen_k)[None, :]
-                    if CAUSAL:
-                        visible = visible & (cols[None, :] <= (rows + shift)[:, None])
-                    s = gl.where(visible, s, -float("inf"))
-            else:  # a block mask's partial tiles (full ones never reach past the keys' end)
-                s = hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, first_row + shift, s_layout, BLOCK_N, False,
-                                tiles, n_masked, batch, head, mask_buffer, MASK_MOD)
+            # Dense: only tiles crossing the end of the keys (rows of K are zero there, but P must
+            # be 0 so no inf * 0 can reach dQ) or the causal diagonal are masked; listed: a block
+            # mask's partial tiles (full ones never reach past the keys' end).
+            s = hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, first_row + shift, s_layout, BLOCK_N, CAUSAL,
+                            tiles, n_masked, batch, head, mask_buffer, MASK_MOD)
             p = gl.exp2(s)
             dp = warpgroup_mma_wait(0, deps=(dp, ))
             ds = p * (dp - delta[:, None])
