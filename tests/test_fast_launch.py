@@ -221,3 +221,22 @@ def test_hoppers_descriptors_carry_one_launch_key_per_template():
     assert getattr(other_box, fast_launch.LAUNCH_KEY) is not token
     assert getattr(other_view, fast_launch.LAUNCH_KEY) is not token  # other strides
     assert fast_launch._arg_key(first) == (token, True)
+
+
+def test_a_launchs_arguments_are_keyed_as_each_one_alone():
+    # _args_key writes out ints, tensors and keyed descriptors for speed: it must give what
+    # _arg_key gives each argument, bools and ints that compare equal (True == 1) included.
+    @dataclass
+    class Keyed:
+        base: torch.Tensor
+
+    keyed = Keyed(torch.randn(8))
+    setattr(keyed, fast_launch.LAUNCH_KEY, object())
+    unaligned = torch.randn(65)[1:]
+    args = (1, True, 0, False, 16, 17, -16, 2 ** 31, 2 ** 63, None, 0.5, torch.randn(4), unaligned,
+            torch.nn.Parameter(torch.randn(4)), keyed, _FakeDescriptor(unaligned, [64], [1], [16], "x"))
+    for _ in range(2):  # the ints' keys computed, then looked up
+        assert fast_launch._args_key(args) == tuple(map(fast_launch._arg_key, args))
+    assert fast_launch._args_key((1,)) != fast_launch._args_key((True,))
+    with pytest.raises(fast_launch._Unkeyable):
+        fast_launch._args_key((1, (2, 3)))

@@ -59,17 +59,51 @@ class _Unkeyable(Exception):
     """An argument this module cannot key safely: the call takes Triton's own path."""
 
 
+def _int_key(arg: int) -> tuple:
+    """Triton's reading of an int: 1 is a constant; otherwise i32, i64 or u64, and divisible by 16 or not."""
+    if arg == 1:
+        return (int, 1)
+    width = 32 if -2 ** 31 <= arg < 2 ** 31 else 64 if -2 ** 63 <= arg < 2 ** 63 else 65
+    return (int, width, arg % 16 == 0)
+
+
+# Keys of the ints seen, by value: a launch passes 10-20 ints (strides, lengths, counts) that
+# repeat from call to call, and a lookup is a fifth of _int_key's arithmetic.
+_INT_KEYS: dict = {}
+_INT_KEYS_MAX = 4096
+
+
+def _args_key(args: tuple) -> tuple:
+    """The keys of a launch's positional arguments (_arg_key of each), written out for the kinds
+    that make up most of them: plain ints, tensors and hopper's descriptors."""
+    keys = []
+    append = keys.append
+    for arg in args:
+        kind = type(arg)
+        if kind is int:  # (not bool, a subclass of int that Triton reads otherwise)
+            key = _INT_KEYS.get(arg)
+            if key is None:
+                key = _int_key(arg)
+                if len(_INT_KEYS) < _INT_KEYS_MAX:
+                    _INT_KEYS[arg] = key
+            append(key)
+        elif kind is torch.Tensor:
+            append((arg.dtype, arg.data_ptr() % 16 == 0))
+        else:
+            token = getattr(arg, LAUNCH_KEY, None)  # a descriptor whose maker vouches for its fields
+            base = getattr(arg, "base", None) if token is not None else None
+            append((token, base.data_ptr() % 16 == 0) if type(base) is torch.Tensor else _arg_key(arg))
+    return tuple(keys)
+
+
 def _arg_key(arg):
     """What of one launch argument can change the compiled kernel, or finer."""
     if arg is None:  # (a constexpr None to Triton)
         return None
     if isinstance(arg, bool):
         return (bool, arg)
-    if isinstance(arg, int):  # Triton: 1 is a constant; otherwise i32, i64 or u64, and divisible by 16 or not
-        if arg == 1:
-            return (int, 1)
-        width = 32 if -2 ** 31 <= arg < 2 ** 31 else 64 if -2 ** 63 <= arg < 2 ** 63 else 65
-        return (int, width, arg % 16 == 0)
+    if isinstance(arg, int):
+        return _int_key(arg)
     if isinstance(arg, float):
         return float
     if isinstance(arg, torch.Tensor):
@@ -116,7 +150,7 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
     # launch has happened on any device, so -1 cannot stand for a device a binary was loaded on.)
     device = torch.cuda.current_device() if torch.cuda.is_initialized() else -1
     try:
-        key = (kernel, device, tuple(map(_arg_key, args)), tuple(constexprs.items()))
+        key = (kernel, device, _args_key(args), tuple(constexprs.items()))
         compiled = _COMPILED.get(key)
     except (_Unkeyable, TypeError):  # (TypeError: a constexpr value that cannot be hashed)
         key = compiled = None
