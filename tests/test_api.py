@@ -354,6 +354,62 @@ def test_the_op_called_directly_refuses_inputs_that_need_a_gradient():
     assert torch.autograd.grad(out.sum(), q)[0].abs().sum() > 0
 
 
+@pytest.fixture
+def op_paths(monkeypatch):
+    """Which way each attention call took: 'op' (torch.library's dispatcher) or 'direct' (the
+    op's body called as a function), forward and backward."""
+    from flashtile import ops
+
+    paths = []
+
+    def recorded(path, fn):
+        def record(*args):
+            paths.append(path)
+            return fn(*args)
+        return record
+
+    for name in ("attention_forward", "attention_backward"):
+        monkeypatch.setattr(ops, name, recorded("op", getattr(ops, name)))
+        monkeypatch.setattr(ops, "_" + name, recorded("direct", getattr(ops, "_" + name)))
+    return paths
+
+
+def _forward_backward():
+    q, k, v = make_qkv(1, 9, 6, 2, 1, 16)
+    out, lse = attention(q, k, v, causal=True, return_lse=True)
+    grads = torch.autograd.grad((out.sum() + lse.sum()), (q, k, v))
+    return out, lse, grads
+
+
+def test_plain_eager_calls_skip_the_dispatcher_and_give_what_the_ops_give(op_paths):
+    torch.manual_seed(0)
+    direct = _forward_backward()
+    assert op_paths == ["direct", "direct"]
+    torch.manual_seed(0)
+    with torch.profiler.profile() as profile:  # a listener: the ops, and their names in its trace
+        through_ops = _forward_backward()
+    assert op_paths[2:] == ["op", "op"]
+    names = {event.name for event in profile.events()}
+    assert {"flashtile::attention_forward", "flashtile::attention_backward"} <= names
+    out, lse, grads = direct
+    for a, b in zip((out, lse, *grads), (through_ops[0], through_ops[1], *through_ops[2])):
+        assert torch.equal(a, b)
+
+
+def test_modes_and_other_devices_keep_the_ops(op_paths):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, k, v = make_qkv(1, 9, 6, 2, 1, 16, requires_grad=False)
+    with FlopCounterMode(display=False):  # a dispatch mode
+        attention(q, k, v)
+    with torch.device("cpu"):  # a torch-function mode
+        attention(q, k, v)
+    assert op_paths == ["op", "op"]
+    meta = [t.to("meta") for t in (q, k, v)]  # the ops' meta kernel answers: shapes, no computing
+    out = attention(*meta)
+    assert out.device.type == "meta" and out.shape == q.shape and op_paths[2:] == ["op"]
+
+
 def test_opcheck_attention_backward():
     q, k, v = make_qkv(1, 9, 6, 2, 1, 16, requires_grad=False)
     out, lse = torch.ops.flashtile.attention_forward(q, k, v, "bshd", 0.25, None, 0, 0.0, None, "reference", False,

@@ -45,7 +45,8 @@ def _new_like(t: Tensor, layout: str, backend: str) -> Tensor:
     # (the Triton launchers write only those rows; the reference path starts from zeros).
     if layout == "thd" and backend != "triton":
         return torch.zeros(t.shape, dtype=t.dtype, device=t.device)
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    # (empty_like: a third of torch.empty's host time given the shape, dtype and device apart)
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
 def needs_grad(*tensors: Optional[Tensor]) -> bool:
@@ -234,6 +235,24 @@ attention_backward = _define("attention_backward", _attention_backward, _attenti
 
 _BIAS_INPUT = 11  # position of ``bias`` among attention_forward's inputs
 
+# Calling an op through the dispatcher costs its arguments' trip through the schema and back
+# (~35 µs per op on a fast CPU for these 20-26 arguments, about twice that on the H200's host:
+# probes/host_segments.py). In plain eager calls nothing listens there, so the ops' bodies are
+# called directly; the ops stay the path whenever something could: torch.compile tracing, a
+# dispatch or torch-function mode (FakeTensorMode, FlopCounterMode, ``with torch.device``), a
+# tensor subclass, the profiler (its trace then shows the ops), a meta or other device.
+_len_dispatch_stack = getattr(torch._C, "_len_torch_dispatch_stack", None)
+_DIRECT_DEVICES = ("cuda", "cpu")
+
+
+def _call_directly(*tensors: Tensor) -> bool:
+    """Whether an op's body may run without the dispatcher for a call on ``tensors``."""
+    # is_compiling() first: Dynamo reads it as True and so traces none of the other questions.
+    return (not torch.compiler.is_compiling() and _len_dispatch_stack is not None
+            and all(type(t) is Tensor for t in tensors) and tensors[0].device.type in _DIRECT_DEVICES
+            and not _len_dispatch_stack() and not torch._C._is_torch_function_mode_enabled()
+            and not torch.autograd._profiler_enabled())
+
 
 class _AttentionFunction(torch.autograd.Function):
     """Autograd of ``attention_forward``, outside the op.
@@ -250,8 +269,8 @@ class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *args):
         *inputs, ctx.deterministic = args  # attention_forward's inputs, then the backward's option
-        out, lse = attention_forward(*inputs)
         q, k, v, *options = inputs
+        out, lse = (_attention_forward if _call_directly(q, k, v) else attention_forward)(*inputs)
         bias = inputs[_BIAS_INPUT]
         ctx.save_for_backward(q, k, v, out, lse, bias)
         ctx.options = options  # layout … score_key, passed back unchanged (bias replaced below)
@@ -272,8 +291,8 @@ class _AttentionFunction(torch.autograd.Function):
             dout = torch.zeros_like(out)
         options = list(ctx.options)
         options[_BIAS_INPUT - 3] = bias
-        dq, dk, dv, dbias = attention_backward(dout, dlse, q, k, v, out, lse, *options, ctx.bias_requires_grad,
-                                               ctx.deterministic)
+        backward = _attention_backward if _call_directly(dout, q, k, v) else attention_backward
+        dq, dk, dv, dbias = backward(dout, dlse, q, k, v, out, lse, *options, ctx.bias_requires_grad, ctx.deterministic)
         # Only q, k, v and the bias are differentiable; every other input is an option (and the
         # last argument, deterministic).
         grads = [dq, dk, dv] + [None] * (len(options) + 1)
@@ -298,4 +317,4 @@ def attention(q: Tensor, k: Tensor, v: Tensor, layout: str, softmax_scale: float
               score_key)
     if needs_grad(q, k, v, bias):
         return _AttentionFunction.apply(*inputs, deterministic)
-    return attention_forward(*inputs)
+    return (_attention_forward if _call_directly(q, k, v) else attention_forward)(*inputs)
