@@ -51,10 +51,17 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
+# The answer for CUDA tensors, made once: every call asks (select_backend), and building a
+# frozen dataclass costs more than the rest of the question.
+_CUDA_PRESENT = BackendStatus("triton", True, "CUDA GPU present")
+
+
 def triton_status(device: torch.device | None = None) -> BackendStatus:
     """Whether the Triton kernels can run on ``device`` (default: any CUDA GPU)."""
     if not _TRITON_INSTALLED:
         return BackendStatus("triton", False, "the 'triton' package is not installed")
+    if device is not None and device.type == "cuda":
+        return _CUDA_PRESENT
     if device is not None and device.type == "cpu" or device is None and not torch.cuda.is_available():
         if interpreting():
             return BackendStatus("triton", True, "CPU tensors run in Triton's interpreter (TRITON_INTERPRET=1)")
@@ -63,7 +70,7 @@ def triton_status(device: torch.device | None = None) -> BackendStatus:
         )
     if device is not None and device.type != "cuda":
         return BackendStatus("triton", False, f"Triton kernels need CUDA tensors, got device {device.type!r}")
-    return BackendStatus("triton", True, "CUDA GPU present")
+    return _CUDA_PRESENT
 
 
 def backend_status() -> list[BackendStatus]:

@@ -104,6 +104,15 @@ class BlockMask:
         and Q tile; counts' batch and head), 0 where the mask is shared by every batch entry or
         head (the schedule has the counts' strides, the runs the indices'); and whether every
         row's full tiles are one run."""
+        return self._lists_of_each_kernel[kernel]
+
+    @functools.cached_property
+    def _lists_of_each_kernel(self) -> dict:
+        """lists() of each kernel, worked out once: a training step asks for them three times,
+        ~10 µs each on a fast CPU (the stride checks), and a block mask's tensors do not change."""
+        return {kernel: self._kernel_lists(kernel) for kernel in ("fwd", "dq", "dkdv")}
+
+    def _kernel_lists(self, kernel: str) -> tuple[tuple, tuple, bool]:
         prefix = {"fwd": "kv", "dq": "dq", "dkdv": "q"}[kernel]
         idx, partial, count, order, runs = (getattr(self, f"{prefix}_{part}")
                                             for part in ("indices", "partial", "count", "order", "runs"))

@@ -37,6 +37,9 @@ def check_packed(name: str, t, shape_words: str, axis: int, count: int) -> None:
         raise ValueError(f"{name}: expected shape {shape_words}, got {tuple(t.shape)}")
 
 
+_QKV_DTYPES = SUPPORTED_DTYPES + (torch.float64,)  # (float64: the oracle's precision, reference backend)
+
+
 def check_qkv(q, k, v, layout: str) -> tuple[int, int, int, int, int, int]:
     """Check q/k/v as (batch, seqlen, heads, headdim) ('bshd') or (batch, heads, seqlen, headdim) ('bhsd').
 
@@ -48,30 +51,32 @@ def check_qkv(q, k, v, layout: str) -> tuple[int, int, int, int, int, int]:
         check_tensor(name, t, 4)
     s_dim, h_dim = (1, 2) if layout == "bshd" else (2, 1)
     order = "(batch, seqlen, heads, headdim)" if layout == "bshd" else "(batch, heads, seqlen, headdim)"
-    if q.dtype not in SUPPORTED_DTYPES + (torch.float64,):
+    if q.dtype not in _QKV_DTYPES:
         raise TypeError(f"q: expected dtype float16, bfloat16 or float32, got {q.dtype}")
-    for name, t in (("k", k), ("v", v)):
+    # Each .shape is a new torch.Size: read once (this runs on every call's host path).
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+    for name, t, shape in (("k", k, k_shape), ("v", v, v_shape)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name}: expected dtype {q.dtype} (the dtype of q), got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name}: expected device {q.device} (the device of q), got {t.device}")
-        if t.shape[0] != q.shape[0]:
-            raise ValueError(f"{name}: expected batch {q.shape[0]} (the batch of q), got {t.shape[0]} ({_describe(t)})")
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"k: expected headdim {q.shape[-1]} (the headdim of q), got {k.shape[-1]}")
-    if v.shape[-1] != q.shape[-1]:
-        raise ValueError(f"v: expected headdim {q.shape[-1]} (the headdim of q), got {v.shape[-1]}")
-    if v.shape[s_dim] != k.shape[s_dim]:
-        raise ValueError(f"v: expected seqlen {k.shape[s_dim]} (the seqlen of k) in {order}, got {v.shape[s_dim]}")
-    if v.shape[h_dim] != k.shape[h_dim]:
-        raise ValueError(f"v: expected {k.shape[h_dim]} heads (the heads of k) in {order}, got {v.shape[h_dim]}")
-    heads_q, heads_kv = q.shape[h_dim], k.shape[h_dim]
+        if shape[0] != q_shape[0]:
+            raise ValueError(f"{name}: expected batch {q_shape[0]} (the batch of q), got {shape[0]} ({_describe(t)})")
+    if k_shape[-1] != q_shape[-1]:
+        raise ValueError(f"k: expected headdim {q_shape[-1]} (the headdim of q), got {k_shape[-1]}")
+    if v_shape[-1] != q_shape[-1]:
+        raise ValueError(f"v: expected headdim {q_shape[-1]} (the headdim of q), got {v_shape[-1]}")
+    if v_shape[s_dim] != k_shape[s_dim]:
+        raise ValueError(f"v: expected seqlen {k_shape[s_dim]} (the seqlen of k) in {order}, got {v_shape[s_dim]}")
+    if v_shape[h_dim] != k_shape[h_dim]:
+        raise ValueError(f"v: expected {k_shape[h_dim]} heads (the heads of k) in {order}, got {v_shape[h_dim]}")
+    heads_q, heads_kv = q_shape[h_dim], k_shape[h_dim]
     if heads_q % heads_kv != 0:
         raise ValueError(
             f"k: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}) for grouped-query attention; "
             f"q and k are read as {order}"
         )
-    return q.shape[0], q.shape[s_dim], k.shape[s_dim], heads_q, heads_kv, q.shape[-1]
+    return q_shape[0], q_shape[s_dim], k_shape[s_dim], heads_q, heads_kv, q_shape[-1]
 
 
 def check_options(
