@@ -43,6 +43,9 @@ def stub_kernels() -> None:
     gluon_fwd._fwd_pingpong_kernel = _NoLaunch()
     gluon_bwd._dkdv_kernel = _NoLaunch()
     gluon_bwd._dq_kernel = _NoLaunch()
+    gluon_fwd._fwd_listed_kernel = _NoLaunch()  # the block-sparse ones (host_segments.py --docs)
+    gluon_bwd._dkdv_listed_kernel = _NoLaunch()
+    gluon_bwd._dq_listed_kernel = _NoLaunch()
     gluon_bwd_wide._dkdv_wide_kernel = _NoLaunch()
     launch._bwd_preprocess = _NoLaunch()
 

@@ -1,8 +1,10 @@
 """Where the host's time goes in one attention call on a GPU: cProfile of the Python path.
 
-    python benchmarks/probes/host_profile.py [--seqlen 1024] [--headdim 128] [--calls 40]
+    python benchmarks/probes/host_profile.py [--seqlen 1024] [--headdim 128] [--calls 40] [--docs 16]
 
 d128 bf16, 16 heads, 16k tokens, causal; forward alone (no grad) and forward + backward.
+``--docs D`` masks it instead with a mask_mod (causal and D documents of equal length) and a
+block mask of 128 x 128 tiles built once, the path of masks.py's document rows.
 The GPU is kept busy by a sleep kernel queued first, so calls only enqueue and the figures
 are the host's own. Keep calls × launches per call under ~1000: past the driver's queue
 depth a launch blocks until the sleep ends, and the profile then shows that wait.
@@ -19,6 +21,7 @@ import time
 import torch
 
 import flashtile
+from flashtile.mask_mods import and_masks, causal_mask, document_mask
 
 
 def main():
@@ -26,17 +29,25 @@ def main():
     parser.add_argument("--seqlen", type=int, default=1024)
     parser.add_argument("--headdim", type=int, default=128)
     parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--docs", type=int, default=0, help="a document mask of this many documents")
     args = parser.parse_args()
     batch, heads = 16384 // args.seqlen, 2048 // args.headdim
     q, k, v = (torch.randn(batch, args.seqlen, heads, args.headdim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))
 
+    masking = {"causal": True}
+    if args.docs:
+        ids = torch.arange(args.seqlen, device="cuda", dtype=torch.int32) // (args.seqlen // args.docs)
+        mask = and_masks(causal_mask(), document_mask(ids))
+        block_mask = flashtile.create_block_mask(mask, 1, 1, args.seqlen, args.seqlen, device="cuda", block_n=128)
+        masking = {"mask_mod": mask, "block_mask": block_mask}
+
     def forward():
         with torch.no_grad():
-            flashtile.attention(q, k, v, causal=True)
+            flashtile.attention(q, k, v, **masking)
 
     def forward_backward():
-        out = flashtile.attention(q, k, v, causal=True)
+        out = flashtile.attention(q, k, v, **masking)
         torch.autograd.grad(out, (q, k, v), out)
 
     for name, fn in (("forward", forward), ("forward+backward", forward_backward)):
