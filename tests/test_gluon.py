@@ -156,7 +156,7 @@ def test_a_gluon_error_is_raised_when_forced_or_not_a_build_error(monkeypatch):
     assert hopper._FAILED == set()
     with pytest.warns(RuntimeWarning, match="PassManager::run failed"):  # MLIR's pipeline failing: a build error
         assert hopper.falls_back(RuntimeError("PassManager::run failed"), q, backward=False, causal=True)
-    assert hopper._FAILED == {("forward", 64, torch.bfloat16, True)}
+    assert hopper._FAILED == {("forward", 64, torch.bfloat16, True, None)}
 
 
 @pytest.mark.parametrize("with_dlse", [False, True], ids=["out", "out+lse"])
@@ -389,13 +389,16 @@ def test_deterministic_reaches_the_backward_op(monkeypatch):
     from flashtile import ops
 
     seen = []
-    op = ops.attention_backward
 
-    def recorded(*args):
-        seen.append(args[-1])
-        return op(*args)
+    def recorded(op):
+        def record(*args):
+            seen.append(args[-1])
+            return op(*args)
+        return record
 
-    monkeypatch.setattr(ops, "attention_backward", recorded)
+    # (the op, or in plain eager calls its body: ops._call_directly)
+    for name in ("attention_backward", "_attention_backward"):
+        monkeypatch.setattr(ops, name, recorded(getattr(ops, name)))
     q, k, v = (torch.randn(1, 17, 2, 16, requires_grad=True) for _ in range(3))
     for face, flag in ((flashtile.attention, True), (flashtile.attention, False), (flashtile.flash_attn_func, True),
                        (flashtile.flash_attn_func, False)):
