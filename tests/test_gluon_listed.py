@@ -354,6 +354,25 @@ def test_a_mask_mod_gets_wide_tiles_only_where_the_gluon_forward_would_take_the_
         hopper.default_block_mask_tiles(OnHopper(128), 4096)
 
 
+def test_a_block_sparse_kernel_that_fails_to_build_is_remembered_for_its_mask_alone(monkeypatch):
+    # One mask_mod that Gluon cannot build sends that mask to the Triton kernels, not every mask
+    # at its head dim (the record was keyed without the mask before).
+    class OnHopper:
+        is_cuda, device, shape, dtype = True, torch.device("cuda", 0), (1, 8, 2, 128), torch.bfloat16
+
+    monkeypatch.setattr(hopper, "_unsupported", lambda index: None)
+    monkeypatch.setattr(hopper, "interpreting", lambda: False)
+    monkeypatch.setattr(hopper, "_FAILED", set())
+    monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
+    broken, other = mask_mod(every_other_head_causal), causal_mask()
+    with pytest.warns(RuntimeWarning, match="block-sparse forward kernel .*mask_mod every_other_head_causal"):
+        assert hopper.falls_back(RuntimeError("PassManager::run failed"), OnHopper(), backward=False, causal=False,
+                                 mask=broken)
+    assert hopper.default_block_mask_tiles(OnHopper(), 4096, broken) == (128, 64)
+    assert hopper.default_block_mask_tiles(OnHopper(), 4096, other) == (128, 128)
+    assert hopper._auto_takes(OnHopper(), 4096, False, False)  # the dense forward too
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")

@@ -148,16 +148,16 @@ def _register_score_mod(score_mod, backend: str, heads_q: int, q, k, v, bias):
     return mod, register_score_mod(mod)
 
 
-def _default_block_mask_tiles(q: torch.Tensor, seqlen_k: int, backend: str) -> tuple[int, int]:
-    """Tiles of a block mask built for a mask_mod given without one: small in the interpreter
-    (each tile costs it time), 128 × 128 where the block-sparse Gluon forward takes them
-    (kernels/hopper.py), else 128 × 64."""
+def _default_block_mask_tiles(q: torch.Tensor, seqlen_k: int, backend: str, mask) -> tuple[int, int]:
+    """Tiles of a block mask built for ``mask`` (a MaskMod given without a block mask): small in
+    the interpreter (each tile costs it time), 128 × 128 where the block-sparse Gluon forward
+    takes them (kernels/hopper.py), else 128 × 64."""
     if interpreting():
         return 16, 16
     if backend == "triton" and q.is_cuda:
         from .kernels import hopper  # (Triton's: only where the Triton backend runs)
 
-        return hopper.default_block_mask_tiles(q, seqlen_k)
+        return hopper.default_block_mask_tiles(q, seqlen_k, mask)
     return 128, 64
 
 
@@ -175,7 +175,7 @@ def _register_block_mask(mask, block_mask, causal, window_size, batch, heads_q, 
                                "(bm = flashtile.create_block_mask(mask, ...)) and pass block_mask=bm")
         mask = as_mask_mod(mask)
         per_batch, per_head = depends_on_batch_and_head(mask)
-        tiles = _default_block_mask_tiles(q, seqlen_k, backend)
+        tiles = _default_block_mask_tiles(q, seqlen_k, backend, mask)
         block_mask = create_block_mask(mask, batch if per_batch else 1, heads_q if per_head else 1, seqlen_q,
                                        seqlen_k, device, *tiles)
     elif not isinstance(block_mask, BlockMask):

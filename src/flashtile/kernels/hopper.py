@@ -204,7 +204,8 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
         return False
     if q.numel() == 0 or k.numel() == 0:  # the public API rejects these; a direct op call may not
         return False
-    if choice == "auto" and not _auto_takes(q, k.shape[2], backward, band.right == 0, block_mask is not None):
+    mask = block_mask.mask if block_mask is not None else None
+    if choice == "auto" and not _auto_takes(q, k.shape[2], backward, band.right == 0, mask):
         return False
     # The device was checked above, once: every tensor here is on q's (the API checks k and v;
     # out and the gradients are made there), so only each one's layout is left to check.
@@ -220,11 +221,12 @@ def _device_runs_them(q: torch.Tensor) -> bool:
     return not interpreting() and q.is_cuda and _unsupported(cuda_index(q.device)) is None
 
 
-def _auto_takes(q: torch.Tensor, seqlen_k: int, backward: bool, causal: bool, listed: bool) -> bool:
+def _auto_takes(q: torch.Tensor, seqlen_k: int, backward: bool, causal: bool, mask=None) -> bool:
     """Under auto, whether a call the kernels cover takes them: measured faster at its head dim
-    and length (measured_faster), and its kernel not recorded as failing to build here."""
+    and length (measured_faster), and its kernel (with ``mask``, the block-sparse one with that
+    MaskMod) not recorded as failing to build here."""
     return (measured_faster(q.shape[-1], seqlen_k, backward, causal=causal)
-            and _failure_key(backward, q, causal=causal, listed=listed) not in _FAILED)
+            and _failure_key(backward, q, causal=causal, mask=mask) not in _FAILED)
 
 
 def _listed_takes(block_mask, head_dim: int, band: Band, backward: bool, choice: str) -> bool:
@@ -235,23 +237,28 @@ def _listed_takes(block_mask, head_dim: int, band: Band, backward: bool, choice:
     return listed_backward_fits(block_mask, head_dim) if backward else listed_tiles_fit(block_mask, head_dim)
 
 
-def _failure_key(backward: bool, q: torch.Tensor, *, causal: bool, listed: bool = False) -> tuple:
-    kernel = ("block-sparse " if listed else "") + ("backward" if backward else "forward")
-    return (kernel, q.shape[3], q.dtype, causal)
+def _failure_key(backward: bool, q: torch.Tensor, *, causal: bool, mask=None) -> tuple:
+    """What a kernel that failed to build is remembered by: the kernel, head dim, dtype and
+    causality, and for the block-sparse kernels the mask_mod (MaskMod) compiled into them, so
+    that one mask Gluon cannot build leaves the others on the Gluon kernels."""
+    kernel = ("block-sparse " if mask is not None else "") + ("backward" if backward else "forward")
+    return (kernel, q.shape[3], q.dtype, causal, mask)
 
 
-def falls_back(error: BaseException, q: torch.Tensor, *, backward: bool, causal: bool, listed: bool = False) -> bool:
+def falls_back(error: BaseException, q: torch.Tensor, *, backward: bool, causal: bool, mask=None) -> bool:
     """Whether a call whose Gluon launch raised ``error`` should run the Triton kernels instead:
-    under ``auto``, when the kernel could not be built (BUILD_ERRORS). The kernel (``listed``:
-    the block-sparse one) is then remembered as broken for this process, and a warning says so
-    once."""
+    under ``auto``, when the kernel could not be built (BUILD_ERRORS). The kernel (with ``mask``,
+    a block mask's MaskMod: the block-sparse one with that mask) is then remembered as broken
+    for this process, and a warning says so once."""
     if setting(backward) != "auto" or not _is_build_error(error):
         return False
-    key = _failure_key(backward, q, causal=causal, listed=listed)
+    key = _failure_key(backward, q, causal=causal, mask=mask)
     if key not in _FAILED:
         _FAILED.add(key)
         name = _switch(backward)
-        warnings.warn(f"flashtile: the Gluon {key[0]} kernel (head dim {key[1]}, {str(key[2])[6:]}, causal={causal}) "
+        masked = f", mask_mod {mask.name}" if mask is not None else ""
+        warnings.warn(f"flashtile: the Gluon {key[0]} kernel (head dim {key[1]}, {str(key[2])[6:]}, causal={causal}"
+                      f"{masked}) "
                       f"failed to build with triton {triton.__version__} ({_error_line(error)}); these "
                       f"calls run the Triton kernels from now on. {name}=0 skips the Gluon kernels, {name}=1 makes "
                       "this an error.", RuntimeWarning, stacklevel=4)
@@ -363,7 +370,7 @@ def listed_tiles_fit(block_mask, head_dim: int) -> bool:
     return block_mask.block_m == BLOCK_M and block_mask.block_n in widths
 
 
-def default_block_mask_tiles(q: torch.Tensor, seqlen_k: int) -> tuple[int, int]:
+def default_block_mask_tiles(q: torch.Tensor, seqlen_k: int, mask=None) -> tuple[int, int]:
     """The tiles (block_m, block_n) of the block mask that attention() builds for a mask_mod
     given without one: 128 × 128 where the block-sparse Gluon forward would take the call as
     eligible() decides for a plain one (the dense Gluon forward's tiles at d128), else the
@@ -373,7 +380,7 @@ def default_block_mask_tiles(q: torch.Tensor, seqlen_k: int) -> tuple[int, int]:
         return BLOCK_M, 64
     choice = setting()  # read here: a typo in it matters only where Gluon could run
     if choice == "auto":
-        wide = LISTED_UNDER_AUTO[False] and _auto_takes(q, seqlen_k, False, False, True)
+        wide = LISTED_UNDER_AUTO[False] and _auto_takes(q, seqlen_k, False, False, mask)
     else:
         wide = choice == "1"
     return (BLOCK_M, 128) if wide else (BLOCK_M, 64)

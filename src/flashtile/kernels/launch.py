@@ -189,7 +189,7 @@ def attention_forward_triton(
         try:
             return hopper.forward(q, k, v, out, softmax_scale, causal=band.right == 0, block_mask=block_mask)
         except Exception as error:  # a kernel that cannot be built here: Triton's, under auto
-            if not hopper.falls_back(error, q, backward=False, causal=band.right == 0, listed=block_mask is not None):
+            if not hopper.falls_back(error, q, backward=False, causal=band.right == 0, mask=_mask_of(block_mask)):
                 raise
     heads_q, head_dim = q.shape[1], q.shape[3]
     heads_kv = k.shape[1]
@@ -240,6 +240,11 @@ def attention_forward_triton(
         launch(_maybe_autotune("fwd", cfg, q, head_dim_padded, causal_like, seqlen_q, launch, bias, score_mod,
                                dropout_p > 0))
     return lse
+
+
+def _mask_of(block_mask):
+    """A block mask's MaskMod, or None without one."""
+    return block_mask.mask if block_mask is not None else None
 
 
 PREPROCESS_ROWS = 64  # rows of D per preprocess program
@@ -324,7 +329,7 @@ def attention_backward_triton(
                             deterministic=deterministic, block_mask=block_mask)
             return None
         except Exception as error:  # a kernel that cannot be built here: Triton's, under auto
-            if not hopper.falls_back(error, q, backward=True, causal=band.right == 0, listed=block_mask is not None):
+            if not hopper.falls_back(error, q, backward=True, causal=band.right == 0, mask=_mask_of(block_mask)):
                 raise
     head_dim_padded = _padded_head_dim(head_dim)
     causal_like = band.right is not None  # causal or a right window: the diagonal-heavy configs
