@@ -7,7 +7,9 @@ bf16, batch 1, heads 16, headdim 128, N = --seqlen (default 16384). Rows, fwd / 
     built-in causal, Triton  the same with FLASHTILE_GLUON=0 and FLASHTILE_GLUON_BWD=0: the
                              kernel family the mask_mod rows run, so that the mask's own cost
                              and the Gluon kernels' lead can be told apart
-    mask_mod causal          the same through a block mask (causal_mask()), built once
+    mask_mod causal          the same through a block mask (causal_mask()), built once with
+                             create_block_mask's default tiles (the kernels choose the key tiles)
+    mask_mod causal, 128x64  the same on 128 × 64 forward tiles given (the Triton kernels')
     mask_mod causal, 128x128 the same on 128 × 128 forward tiles (the built-in's at this size);
                              the backward keeps 64-wide key tiles (BlockMask.backward_blocks)
     mask_mod causal, by def. the same without a block mask: attention() builds one with its
@@ -84,12 +86,18 @@ def main():
         rows.append(("built-in causal, Triton", None,
                      time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, causal=True), q, k, v), None))
     causal = causal_mask()
+    # create_block_mask's default key tiles are the kernels' choice: 64 keys on the Triton kernels,
+    # 128 where the block-sparse Gluon forward runs (block_n=None; hopper._forward_block_mask).
     block = flashtile.create_block_mask(causal, 1, 1, n, n, device=device)
     rows.append(("mask_mod causal", block.visited_fraction,
                  time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal, block_mask=block), q, k, v),
                  None))
-    # The built-in causal runs 128 × 128 tiles at this size; block masks default to 128 × 64.
-    # The same mask on the built-in's tiles separates the tile shape from the mask's cost.
+    # The same mask on tiles given: 128 × 64 (the Triton kernels' and the default before session
+    # 15) and 128 × 128 (the built-in causal's at this size), to tell the tile shape from the mask.
+    narrow = flashtile.create_block_mask(causal, 1, 1, n, n, device=device, block_n=64)
+    rows.append(("mask_mod causal, 128x64", narrow.visited_fraction,
+                 time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal, block_mask=narrow),
+                              q, k, v), None))
     square = flashtile.create_block_mask(causal, 1, 1, n, n, device=device, block_n=128)
     try:
         rows.append(("mask_mod causal, 128x128", square.visited_fraction,
@@ -121,7 +129,7 @@ def main():
           "flex time / flashtile time (> 1: flashtile faster)")
     for name, _, (fwd, bwd), ids in rows[1:]:
         # (flex's default tiles are 128 × 128 already; the default row is the first one again)
-        if "128x128" in name or "default" in name or name.startswith("built-in"):
+        if "128x" in name or "default" in name or name.startswith("built-in"):
             continue
         flex = flex_fn(ids, True, batch, heads, n, device)
         if flex is None:

@@ -80,6 +80,41 @@ def test_the_listed_forward_hands_its_kernel_the_lists_and_descriptors_of_the_bl
     assert grid == (triton.cdiv(333, 128) * 2 * 6,)
 
 
+def test_key_tiles_left_to_the_library_get_lists_of_other_widths_sharing_the_backwards():
+    free = flashtile.create_block_mask(every_other_head_causal, 2, 6, 333, 300)
+    given = flashtile.create_block_mask(every_other_head_causal, 2, 6, 333, 300, block_n=64)
+    assert (free.block_n, free.forward_tiles_free, given.forward_tiles_free) == (64, True, False)
+    assert free is not given  # (cached apart: one may be widened, the other not)
+    wide = free.with_forward_key_tiles(128)
+    assert wide is free.with_forward_key_tiles(128) and free.with_forward_key_tiles(64) is free
+    assert (wide.block_n, wide.backward_block_n, wide.forward_tiles_free) == (128, 64, False)
+    square = flashtile.create_block_mask(every_other_head_causal, 2, 6, 333, 300, block_n=128)
+    for part in ("indices", "partial", "count", "order", "runs"):
+        assert torch.equal(getattr(wide, "kv_" + part), getattr(square, "kv_" + part))  # 128-key forward lists
+        for backward in ("dq", "q"):  # the backward's lists: the 64-key mask's own
+            assert getattr(wide, f"{backward}_{part}") is getattr(free, f"{backward}_{part}")
+    assert wide.kv_full_range == square.kv_full_range
+    with pytest.raises(ValueError, match="block_n=None"):
+        given.with_forward_key_tiles(128)
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+@pytest.mark.parametrize("head_dim,tiles_free,keys", [(128, True, 128), (64, True, 128), (96, True, 128),
+                                                      (128, False, 64), (256, True, 64)])
+def test_the_listed_forward_widens_key_tiles_left_to_the_library_up_to_d128(monkeypatch, head_dim, tiles_free,
+                                                                            keys):
+    gluon_fwd = hopper._gluon()[0]
+    launches = []
+    monkeypatch.setattr(gluon_fwd, "_fwd_listed_kernel", _RecordLaunch(launches, "listed"))
+    bm = flashtile.create_block_mask(causal_mask(), 1, 1, 300, 300, block_n=None if tiles_free else 64)
+    q, k, v, out = (torch.randn(1, 2, 300, head_dim, dtype=torch.bfloat16) for _ in range(4))
+    hopper.forward(q, k, v, out, head_dim ** -0.5, causal=False, block_mask=bm)
+    ((_, _, args, constexprs),) = launches
+    walked = bm.with_forward_key_tiles(keys) if tiles_free else bm
+    assert constexprs["BLOCK_N"] == keys and args[1].block_shape[2] == keys
+    assert args[7] is walked.kv_indices and tuple(args[12:17]) == walked.lists("fwd")[1]
+
+
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_the_listed_backward_hands_each_kernel_its_lists_and_descriptors_of_its_tiles(monkeypatch, head_dim):
@@ -162,6 +197,8 @@ CASES = [
     ("per-batch", 128, 64, (300, 500)), ("per-batch", 256, 64, (203, 113)),
     ("prefix-lm-100-or-window", 128, 128, (1000, 1000)), ("prefix-lm-100-or-window", 64, 64, (17, 203)),
     ("documents", 128, 128, (1000, 1000)), ("documents", 128, 64, (203, 203)), ("documents", 256, 64, (113, 113)),
+    # key tiles left to the library (block_n=None): the forward walks 128-key lists up to d128
+    ("documents", 128, None, (1000, 1000)), ("per-head", 64, None, (300, 500)), ("causal", 256, None, (113, 203)),
 ]
 
 
@@ -226,7 +263,8 @@ def test_gpu_listed_forward_matches_the_oracle(listed_calls, case):
                                      "cuda", block_m=128, block_n=block_n)
     q, k, v = _inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, layout)
     out = flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm, layout="bshd")
-    assert listed_calls.forward == [bm], "the call did not take the block-sparse Gluon forward"
+    walked = bm.with_forward_key_tiles(128) if block_n is None and head_dim <= 128 else bm
+    assert listed_calls.forward == [walked], "the call did not take the block-sparse Gluon forward"
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     # The block-sparse Gluon backward at head dims up to 128; d256 on the Triton kernels.

@@ -47,6 +47,7 @@ pass ran 128 × 128, spilled, and cost 3.01× the built-in backward (session 5).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -87,6 +88,10 @@ class BlockMask:
     kv_full_range: bool = False
     dq_full_range: bool = False
     q_full_range: bool = False
+    # Whether create_block_mask chose the forward's key tiles (block_n=None): a forward kernel
+    # that runs wider tiles may then walk this mask's lists at its own width
+    # (with_forward_key_tiles; hopper.forward at d <= 128 on sm_90). A block_n the user gave is kept.
+    forward_tiles_free: bool = False
 
     @property
     def backward_blocks(self) -> tuple[int, int]:
@@ -123,6 +128,31 @@ class BlockMask:
         assert _same_offsets(order, count) and _same_offsets(partial, count), \
             "the schedule and partial counts are read at the counts' offsets"
         return (idx, partial, count, order, runs), strides, getattr(self, f"{prefix}_full_range")
+
+    def with_forward_key_tiles(self, block_n: int) -> "BlockMask":
+        """This block mask with its forward lists (kv_*) rebuilt on ``block_n``-key tiles, the
+        backward's lists shared: built once per width, on the mask's device. Only for a mask
+        whose forward tiles were left to the library (``forward_tiles_free``)."""
+        if not self.forward_tiles_free:
+            raise ValueError("block_mask: its key tiles were given to create_block_mask (block_n); only a block "
+                             "mask built with block_n=None has its forward tiles chosen by the kernels")
+        if block_n == self.block_n:
+            return self
+        built = self._forward_variants.get(block_n)
+        if built is None:
+            kinds = _classify(self.mask, self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.block_m, block_n,
+                              self.kv_indices.device)
+            kv = _lists(kinds)
+            built = dataclasses.replace(
+                self, block_n=block_n, kv_indices=kv[0], kv_partial=kv[1], kv_count=kv[2], kv_order=kv[3],
+                kv_runs=kv[4], kv_full_range=bool(_one_run_per_row(kv)), forward_tiles_free=False)
+            self._forward_variants[block_n] = built
+        return built
+
+    @functools.cached_property
+    def _forward_variants(self) -> dict:
+        """with_forward_key_tiles' block masks, by key tile width."""
+        return {}
 
     @property
     def mask_buffer(self) -> torch.Tensor:
@@ -208,7 +238,7 @@ def _runs(indices: torch.Tensor, partial: torch.Tensor, count: torch.Tensor) -> 
 
 
 @functools.lru_cache(maxsize=64)
-def _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_block_n, device):
+def _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_block_n, device, tiles_free):
     def classify(rows, cols):
         return _classify(mask, batch, heads, seqlen_q, seqlen_k, rows, cols, device)
 
@@ -222,22 +252,30 @@ def _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_b
     q = _lists(transposed.transpose(2, 3))
     kv_one_run, dq_one_run, q_one_run = torch.stack([_one_run_per_row(lists) for lists in (kv, dq, q)]).tolist()
     return BlockMask(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_block_n, *kv, *dq, *q,
-                     kv_full_range=kv_one_run, dq_full_range=dq_one_run, q_full_range=q_one_run)
+                     kv_full_range=kv_one_run, dq_full_range=dq_one_run, q_full_range=q_one_run,
+                     forward_tiles_free=tiles_free)
 
 
 def create_block_mask(mask, batch: int = 1, heads: int = 1, seqlen_q: int = 1, seqlen_k: int = 1, device=None,
-                      block_m: int = 128, block_n: int = 64, backward_block_n: int | None = None) -> BlockMask:
+                      block_m: int = 128, block_n: int | None = None,
+                      backward_block_n: int | None = None) -> BlockMask:
     """Build (or fetch from the cache) the block mask of ``mask`` for one problem shape.
 
     batch/heads: 1 when the mask ignores b/h (it is then shared by every batch entry and
     head). Pass the result to ``flashtile.attention(..., mask_mod=mask, block_mask=bm)``
     in every layer; it is rebuilt only when the shape or the mask changes.
 
-    block_m × block_n: the forward's tiles (queries × keys). backward_block_n: the key
-    tiles of the dQ pass, which the dK/dV pass uses as query tiles; default
-    ``min(block_n, 64)``, as wider ones spill in the dK/dV kernel.
+    block_m × block_n: the forward's tiles (queries × keys). block_n=None (the default)
+    leaves the key tiles to the kernels: 64, whose tiles fit the Triton kernels at every head
+    dim and dtype, and 128 where the block-sparse Gluon forward runs (sm_90, head dims up to
+    128), over lists of the same mask built on first use. backward_block_n: the key tiles of
+    the dQ pass, which the dK/dV pass uses as query tiles; default ``min(block_n, 64)``, as
+    wider ones spill in the dK/dV kernel.
     """
     mask = as_mask_mod(mask)
+    tiles_free = block_n is None
+    if tiles_free:
+        block_n = 64
     if backward_block_n is None:
         backward_block_n = min(block_n, 64) if isinstance(block_n, int) else block_n
     for name, value in (("batch", batch), ("heads", heads), ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k),
@@ -249,7 +287,7 @@ def create_block_mask(mask, batch: int = 1, heads: int = 1, seqlen_q: int = 1, s
             raise ValueError(f"{name}: expected a power of two >= 16, got {value}")
     device = torch.device(device) if device is not None else (
         mask.buffer.device if mask.buffer is not None else torch.device("cpu"))
-    return _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_block_n, device)
+    return _cached(mask, batch, heads, seqlen_q, seqlen_k, block_m, block_n, backward_block_n, device, tiles_free)
 
 
 _names: OpNames[BlockMask] = OpNames("block mask")
