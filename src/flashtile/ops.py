@@ -6,7 +6,7 @@ seqlen, headdim) without copying, and hand the views (any strides) to a backend.
 Outputs are allocated contiguous in the caller's layout. The ops have fake
 implementations and their gradient lives in an autograd.Function around them
 (:func:`attention`), so ``torch.compile(fullgraph=True)`` traces through them without
-a graph break.
+a graph break. Plain eager calls run the ops' bodies directly (``_call_directly``).
 """
 
 from __future__ import annotations
