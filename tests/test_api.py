@@ -408,6 +408,13 @@ def test_modes_and_other_devices_keep_the_ops(op_paths):
     meta = [t.to("meta") for t in (q, k, v)]  # the ops' meta kernel answers: shapes, no computing
     out = attention(*meta)
     assert out.device.type == "meta" and out.shape == q.shape and op_paths[2:] == ["op"]
+    # vmap's tensors look plain inside the transform: the op, batched by torch's fallback (one
+    # call per batch entry), gives each entry's own answer
+    stacked = torch.stack([q, 2 * q, -q])
+    batched = torch.vmap(lambda x: attention(x, k, v, causal=True))(stacked)
+    assert op_paths[3:] == ["op"]
+    for entry, x in zip(batched, stacked):
+        assert torch.equal(entry, attention(x, k, v, causal=True))
 
 
 def test_opcheck_attention_backward():

@@ -240,8 +240,13 @@ _BIAS_INPUT = 11  # position of ``bias`` among attention_forward's inputs
 # probes/host_segments.py). In plain eager calls nothing listens there, so the ops' bodies are
 # called directly; the ops stay the path whenever something could: torch.compile tracing, a
 # dispatch or torch-function mode (FakeTensorMode, FlopCounterMode, ``with torch.device``), a
-# tensor subclass, the profiler (its trace then shows the ops), a meta or other device.
+# tensor subclass, a functorch transform (vmap batches the ops by its fallback), the profiler
+# (its trace then shows the ops), a meta or other device.
 _len_dispatch_stack = getattr(torch._C, "_len_torch_dispatch_stack", None)
+try:  # a functorch transform (vmap) wraps tensors that still look like plain ones
+    from torch._C._functorch import peek_interpreter_stack as _functorch_transform
+except ImportError:
+    _functorch_transform = None
 _DIRECT_DEVICES = ("cuda", "cpu")
 
 
@@ -249,6 +254,7 @@ def _call_directly(*tensors: Tensor) -> bool:
     """Whether an op's body may run without the dispatcher for a call on ``tensors``."""
     # is_compiling() first: Dynamo reads it as True and so traces none of the other questions.
     return (not torch.compiler.is_compiling() and _len_dispatch_stack is not None
+            and _functorch_transform is not None and _functorch_transform() is None
             and all(type(t) is Tensor for t in tensors) and tensors[0].device.type in _DIRECT_DEVICES
             and not _len_dispatch_stack() and not torch._C._is_torch_function_mode_enabled()
             and not torch.autograd._profiler_enabled())
