@@ -154,6 +154,25 @@ def _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, 
 
 
 @gluon.jit
+def _dkdv_consumer_start(half: gl.constexpr, k_smem, v_smem, kv_ready, n_start, HEAD_DIM: gl.constexpr,
+                         BLOCK_M: gl.constexpr, HALF_N: gl.constexpr):
+    """A dK/dV consumer warpgroup's start, the dense and the block-sparse one's: its first key,
+    its keys' indices (rows of S^T), its K and V halves once loaded, and zeroed dK, dV (HALF_N x
+    HEAD_DIM) and S^T accumulator (HALF_N keys x BLOCK_M queries, dP^T's layout too)."""
+    s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)
+    kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
+    key_first = n_start + half * HALF_N
+    keys = key_first + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
+    k_tile = k_smem.index(half).reshape([HALF_N, HEAD_DIM])
+    v_tile = v_smem.index(half).reshape([HALF_N, HEAD_DIM])
+    dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
+    mbarrier.wait(kv_ready.index(half), 0)
+    return key_first, keys, k_tile, v_tile, dk, dv, s_zero
+
+
+@gluon.jit
 def _dkdv_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
                    kv_ready, q_ready, do_ready, empty, dk_desc, dv_desc,
                    batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, n_q_blocks, group_size,
@@ -161,19 +180,9 @@ def _dkdv_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                    CAUSAL: gl.constexpr):
     """One warpgroup: keys [n_start + half*HALF_N, +HALF_N), every streamed Q tile."""
-    s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # S^T, dP^T: HALF_N keys x BLOCK_M queries
-    kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N x HEAD_DIM
-
-    key_first = n_start + half * HALF_N
-    keys = key_first + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
+    key_first, keys, k_tile, v_tile, dk, dv, s_zero = _dkdv_consumer_start(half, k_smem, v_smem, kv_ready, n_start,
+                                                                           HEAD_DIM, BLOCK_M, HALF_N)
     shift = seqlen_k - seqlen_q
-    k_tile = k_smem.index(half).reshape([HALF_N, HEAD_DIM])
-    v_tile = v_smem.index(half).reshape([HALF_N, HEAD_DIM])
-    dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
-    dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
-    s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
-
-    mbarrier.wait(kv_ready.index(half), 0)
     total = group_size * n_q_tiles
     for it in range(total):
         # (divisions rather than carried counters: three more live registers made ptxas 12.8
@@ -277,18 +286,8 @@ def _dkdv_listed_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, l
                           NUM_STAGES: gl.constexpr, MASK_MOD: gl.constexpr):
     """_dkdv_consumer over the block mask's lists: keys [n_start + half*HALF_N, +HALF_N), the
     listed Q tiles of each query head of the group, the partial ones (listed first) masked."""
-    s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)
-    kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
-
-    key_first = n_start + half * HALF_N
-    keys = key_first + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
-    k_tile = k_smem.index(half).reshape([HALF_N, HEAD_DIM])
-    v_tile = v_smem.index(half).reshape([HALF_N, HEAD_DIM])
-    dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
-    dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=kv_layout)
-    s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
-
-    mbarrier.wait(kv_ready.index(half), 0)
+    key_first, keys, k_tile, v_tile, dk, dv, s_zero = _dkdv_consumer_start(half, k_smem, v_smem, kv_ready, n_start,
+                                                                           HEAD_DIM, BLOCK_M, HALF_N)
     it = 0
     for g in range(group_size):
         head = head_kv * group_size + g
