@@ -212,6 +212,23 @@ def _dkdv_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem
 
 
 @gluon.jit
+def _dkdv_buffers(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The dK/dV kernels' (dense and block-sparse) Q/dO/LSE/D ring, K and V halves and their
+    mbarriers, allocated and initialised: (q_smem, do_smem, k_smem, v_smem, lse_smem,
+    delta_smem, kv_ready, q_ready, do_ready, empty)."""
+    q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem = q_ring_buffers(
+        q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, HALF_N, HEAD_DIM, NUM_STAGES, True)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready, do_ready, empty = q_ring_barriers(NUM_STAGES)
+    for i in gl.static_range(2):
+        mbarrier.init(kv_ready.index(i), count=1)
+    init_q_ring_barriers(q_ready, do_ready, empty, NUM_STAGES)
+    fence_async_shared()
+    return q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty
+
+
+@gluon.jit
 def _dkdv_kernel(
     q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc,
     heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, qk_scale, softmax_scale,
@@ -229,14 +246,8 @@ def _dkdv_kernel(
     batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
         gl.program_id(0), num_n_blocks, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
-    q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem = q_ring_buffers(
-        q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, HALF_N, HEAD_DIM, NUM_STAGES, True)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_ready, do_ready, empty = q_ring_barriers(NUM_STAGES)
-    for i in gl.static_range(2):
-        mbarrier.init(kv_ready.index(i), count=1)
-    init_q_ring_barriers(q_ready, do_ready, empty, NUM_STAGES)
-    fence_async_shared()
+    q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty = _dkdv_buffers(
+        q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, HALF_N, HEAD_DIM, NUM_STAGES)
 
     gl.warp_specialize([
         (_dkdv_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready,
@@ -338,14 +349,8 @@ def _dkdv_listed_kernel(
     count_base = QCount + counts + kv_tile
     partial_base = QPartial + counts + kv_tile
 
-    q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem = q_ring_buffers(
-        q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, HALF_N, HEAD_DIM, NUM_STAGES, True)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_ready, do_ready, empty = q_ring_barriers(NUM_STAGES)
-    for i in gl.static_range(2):
-        mbarrier.init(kv_ready.index(i), count=1)
-    init_q_ring_barriers(q_ready, do_ready, empty, NUM_STAGES)
-    fence_async_shared()
+    q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty = _dkdv_buffers(
+        q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, HALF_N, HEAD_DIM, NUM_STAGES)
 
     gl.warp_specialize([
         (_dkdv_listed_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, q_ready,
