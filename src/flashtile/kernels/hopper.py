@@ -440,7 +440,7 @@ def _forward_block_mask(block_mask, head_dim: int):
     against 1.19× on 128 × 64 (session 15, masks.py). The wider lists are built on first use and
     kept; not while a CUDA graph is being captured (building them reads back to the host), when
     the 64-key lists run."""
-    if (block_mask.forward_tiles_free and block_mask.block_n != 128 and head_dim <= 128
+    if (block_mask.forward_tiles_free and head_dim <= 128
             and not (block_mask.kv_indices.is_cuda and torch.cuda.is_current_stream_capturing())):
         return block_mask.with_forward_key_tiles(128)
     return block_mask
