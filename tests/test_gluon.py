@@ -298,8 +298,9 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     num_n_blocks = triton.cdiv(seqlen_k, n)
     assert grid == (num_n_blocks * batch * heads_kv,)
     scale = head_dim ** -0.5
-    assert args[9:] == (heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, s_pad,
-                        pytest.approx(scale * hopper.LOG2E), scale)
+    # causal, and the kv heads' Q and dO far inside L2: one group of every (batch, kv head) row
+    assert args[9:] == (heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, batch * heads_kv,
+                        s_pad, pytest.approx(scale * hopper.LOG2E), scale)
     assert args_convert[0] is dq_sum and args_convert[1] is dq
     assert args_convert[2:] == (*dq.stride()[:3], heads_q, seqlen_q, head_dim, s_pad, scale)
     # batch × heads on the grid's first axis: the second stops at 65535
@@ -428,6 +429,22 @@ def test_the_gluon_forward_hands_its_kernel_descriptors_of_its_own_tiles(monkeyp
     assert grid == (triton.cdiv(300, constexprs["BLOCK_M"]) * 2 * 6,)
 
 
+def test_causal_grids_group_heads_whose_streamed_tensors_fit_the_l2_budget(monkeypatch):
+    monkeypatch.setattr(hopper, "CAUSAL_L2_BYTES", 16 * 2 ** 20)
+    # without a causal mask every tile carries the same work: rows one after the other
+    assert hopper.causal_heads_per_group(False, 64, 4096, 128, 2) == 1
+    # d128 at 4k keys: K and V of a head take 2 MiB, so 8 heads share 16 MiB
+    assert hopper.causal_heads_per_group(True, 64, 4096, 128, 2) == 8
+    # a kv head's K/V serve its whole GQA group; a dK/dV row streams Q and dO of the group's heads
+    assert hopper.causal_heads_per_group(True, 64, 4096, 128, 2, shared_by=4) == 32
+    assert hopper.causal_heads_per_group(True, 16, 4096, 128, 2, streams_for=4) == 2
+    # never more than the grid's rows, never fewer than one
+    assert hopper.causal_heads_per_group(True, 6, 1024, 64, 2) == 6
+    assert hopper.causal_heads_per_group(True, 16, 65536, 256, 2) == 1
+    monkeypatch.setattr(hopper, "CAUSAL_L2_BYTES", 0)  # off: the plain order
+    assert hopper.causal_heads_per_group(True, 64, 1024, 64, 2) == 1
+
+
 def test_head_dims_between_the_kernels_run_padded_and_under_auto_where_timed():
     assert [hopper.kernel_head_dim(d) for d in (8, 40, 64, 80, 96, 128, 160, 192, 256)] == \
         [64, 64, 64, 128, 128, 128, 256, 256, 256]
@@ -510,6 +527,38 @@ def test_gpu_by_default_gluon_runs_where_it_was_measured_faster(monkeypatch):
         flashtile.attention(q, k, v, causal=True).sum().backward()
     assert forwards == [(1, 2, 1000, 128), (1, 2, 4100, 64), (1, 2, 4100, 128)]
     assert backwards == [(1, 2, 1000, 64), (1, 2, 1000, 128), (1, 2, 4100, 64), (1, 2, 4100, 128)]
+    assert hopper._FAILED == set(), "a Gluon kernel failed to build and fell back to Triton"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernels are built for sm_90")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("heads_per_group", [2, 3])
+@pytest.mark.parametrize("fused", ["0", "auto"], ids=["seven", "auto"])
+def test_gpu_causal_grids_in_groups_of_heads_visit_every_tile_once(monkeypatch, head_dim, heads_per_group, fused):
+    # The causal grids run their (batch, head) rows in groups, heaviest tiles first
+    # (gluon_common.tile_and_row_of_program). Forced groups of 2 and 3: over 12 query-head rows
+    # and 4 kv-head rows (2 batches, 6 query heads on 2 kv heads), then 10 and 10 (5 heads);
+    # groups of 3 leave a last group short. A tile mapped twice or never shows as a wrong
+    # output or gradient.
+    monkeypatch.setenv("FLASHTILE_GLUON", "1")
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", fused)
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    groups = []
+
+    def forced(causal, rows, *args, **kwargs):
+        groups.append((causal, rows))
+        return min(rows, heads_per_group) if causal else 1
+
+    monkeypatch.setattr(hopper, "causal_heads_per_group", forced)
+    forwards, backwards = _count_calls(monkeypatch, "forward"), _count_calls(monkeypatch, "backward")
+    check_case(2, 700, 777, 6, 2, head_dim, torch.bfloat16, causal=True)
+    check_case(2, 450, 450, 5, 5, head_dim, torch.bfloat16, causal=True, layout="bhsd")
+    assert len(forwards) == len(backwards) == 2
+    # each launch of a dense Gluon kernel asked once: forward, dK/dV (and dQ, or the fused kernel)
+    assert (True, 12) in groups and (True, 4) in groups and (True, 10) in groups
     assert hopper._FAILED == set(), "a Gluon kernel failed to build and fell back to Triton"
 
 

@@ -231,20 +231,21 @@ def _dkdv_buffers(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M
 @gluon.jit
 def _dkdv_kernel(
     q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc,
-    heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, qk_scale, softmax_scale,
+    heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, qk_scale, softmax_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile of one kv head.
 
-    Grid: num_n_blocks * B * Hkv programs, key tiles fastest; num_warps=4. Descriptors:
+    Grid: num_n_blocks * B * Hkv programs, key tiles fastest in groups of heads_per_group kv heads
+    (key_tile_of_program); num_warps=4. Descriptors:
     q/do over (B, Hq, Sq, D) with (1, 1, BLOCK_M, D) blocks; k/v/dk/dv over (B, Hkv, Sk, D)
     with (1, 1, BLOCK_N / 2, D); lse/delta over the (B*Hq, S_pad) float32 buffers with (1, BLOCK_M).
     """
     gl.static_assert(num_warps == 4)
     HALF_N: gl.constexpr = BLOCK_N // 2
     batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
-        gl.program_id(0), num_n_blocks, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        gl.program_id(0), num_n_blocks, heads_per_group, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
     q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty = _dkdv_buffers(
         q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, HALF_N, HEAD_DIM, NUM_STAGES)
@@ -467,20 +468,21 @@ def _dq_buffers(q_desc, do_desc, k_desc, v_desc, HALF_M: gl.constexpr, HEAD_DIM:
 @gluon.jit
 def _dq_kernel(
     q_desc, do_desc, k_desc, v_desc, dq_desc, LSE2, Delta, stride_lrow,
-    heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, qk_scale, softmax_scale,
+    heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale, softmax_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     """dQ (B, Hq, Sq, D) of one BLOCK_M-row Q tile of one head.
 
-    Grid: num_m_blocks * B * Hq, Q tiles fastest; num_warps=4. Descriptors: q/do/dq over
+    Grid: num_m_blocks * B * Hq, Q tiles fastest in groups of heads_per_group heads
+    (q_tile_of_program); num_warps=4. Descriptors: q/do/dq over
     (B, Hq, Sq, D) with (1, 1, BLOCK_M / 2, D) blocks, k/v over (B, Hkv, Sk, D) with
     (1, 1, BLOCK_N, D). LSE2, Delta: (B*Hq, S_pad) float32, row stride stride_lrow.
     """
     gl.static_assert(num_warps == 4)
     HALF_M: gl.constexpr = BLOCK_M // 2
-    batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, heads_q, group_size,
-                                                              seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
+    batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, heads_per_group, heads_q,
+                                                              group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
     bh = batch * heads_q + head
     n_tiles = gl.cdiv(kv_end, BLOCK_N)  # may be 0 (causal, Sq > Sk): dQ = 0 is written
     LSE2_row = LSE2 + bh.to(gl.int64) * stride_lrow

@@ -141,7 +141,7 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
 @gluon.jit
 def _dkdv_dq_kernel(
     q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_acc_desc,
-    heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, s_pad, qk_scale, softmax_scale,
+    heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad, qk_scale, softmax_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
@@ -152,7 +152,7 @@ def _dkdv_dq_kernel(
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = q_desc.dtype
     batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
-        gl.program_id(0), num_n_blocks, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        gl.program_id(0), num_n_blocks, heads_per_group, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
     q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem = q_ring_buffers(
         q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, HALF_N, HEAD_DIM, NUM_STAGES, True)

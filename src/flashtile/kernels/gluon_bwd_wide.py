@@ -172,7 +172,7 @@ def _dk_consumer(q_smem, do_smem, k_smem, v_smem, delta_smem, p_smem, kv_ready, 
 @gluon.jit
 def _dkdv_wide_kernel(
     q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc,
-    heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, qk_scale, softmax_scale,
+    heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, qk_scale, softmax_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     P_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     num_warps: gl.constexpr,
@@ -180,14 +180,15 @@ def _dkdv_wide_kernel(
     """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile (BLOCK_N = 64: one warpgroup's rows) of
     one kv head.
 
-    Grid: num_n_blocks * B * Hkv programs, key tiles fastest; num_warps=4. Descriptors:
+    Grid: num_n_blocks * B * Hkv programs, key tiles fastest in groups of heads_per_group kv heads
+    (key_tile_of_program); num_warps=4. Descriptors:
     q/do over (B, Hq, Sq, D) with (1, 1, BLOCK_M, D) blocks; k/v/dk/dv over (B, Hkv, Sk, D)
     with (1, 1, BLOCK_N, D); lse/delta over the (B*Hq, S_pad) float32 buffers with (1, BLOCK_M).
     """
     gl.static_assert(num_warps == 4)
     gl.static_assert(BLOCK_N == 64)
     batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
-        gl.program_id(0), num_n_blocks, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        gl.program_id(0), num_n_blocks, heads_per_group, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
     q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem = q_ring_buffers(
         q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, False)

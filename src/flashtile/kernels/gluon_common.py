@@ -97,14 +97,34 @@ def hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout: gl.co
 
 
 @gluon.jit
-def q_tile_of_program(pid, num_m_blocks, heads_q, group_size, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr,
-                      CAUSAL: gl.constexpr):
+def tile_and_row_of_program(pid, num_tiles, heads_per_group):
+    """(rank, bh) of program ``pid`` in a grid of num_tiles tiles for each of its B·H rows: the
+    rows go in groups of ``heads_per_group``, and within a group the tiles' ranks are slowest,
+    so that every row's rank-0 tile starts before any row of the group starts its rank-1 tile.
+
+    Under a causal mask a row's tiles carry work falling with their rank (the kernels make rank
+    0 the heaviest), and the hardware starts programs about in order: with rows one after the
+    other (heads_per_group = 1) the last row's heaviest tile starts late and ends the grid
+    alone, where the heaviest tiles of a group first leave only light ones for the end. A group
+    is kept small enough that its K/V (or Q/dO) stay in L2 (hopper.causal_heads_per_group).
+    heads_per_group = 1 is the plain order, rows slowest, tiles fastest."""
+    programs_per_group = heads_per_group * num_tiles
+    group = pid // programs_per_group
+    first_row = group * heads_per_group
+    in_group = pid - group * programs_per_group
+    rows_in_group = gl.minimum(heads_per_group, gl.num_programs(0) // num_tiles - first_row)
+    return in_group // rows_in_group, first_row + in_group % rows_in_group
+
+
+@gluon.jit
+def q_tile_of_program(pid, num_m_blocks, heads_per_group, heads_q, group_size, seqlen_q, seqlen_k,
+                      BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """(batch, head, head_kv, q_start, kv_end) of program ``pid`` of the forward or the dQ
-    kernel: Q tiles fastest in the grid, and under CAUSAL the last tiles of a head (which see
-    the most keys) started first; kv_end is where the keys its rows see end (bottom-right
-    aligned causal: up to the tile's last row's diagonal)."""
-    block_m = pid % num_m_blocks
-    bh = pid // num_m_blocks
+    kernel: Q tiles fastest in the grid (in groups of ``heads_per_group`` B·Hq rows, see
+    tile_and_row_of_program), and under CAUSAL the last tiles of a head (which see the most
+    keys) started first; kv_end is where the keys its rows see end (bottom-right aligned
+    causal: up to the tile's last row's diagonal)."""
+    block_m, bh = tile_and_row_of_program(pid, num_m_blocks, heads_per_group)
     batch = bh // heads_q
     head = bh % heads_q
     if CAUSAL:
@@ -138,14 +158,15 @@ def listed_q_tile_of_program(pid, num_m_blocks, heads_q, KvIdx, KvPartial, KvCou
 
 
 @gluon.jit
-def key_tile_of_program(pid, num_n_blocks, heads_kv, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr,
+def key_tile_of_program(pid, num_n_blocks, heads_per_group, heads_kv, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """(batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks) of program ``pid`` of a
-    dK/dV kernel: key tiles fastest in the grid; the Q tiles of BLOCK_M rows its keys are seen
-    from are first_tile.. (n_q_tiles of the head's n_q_blocks; under CAUSAL, bottom-right
-    aligned, the first with a row that sees key n_start)."""
-    block_n = pid % num_n_blocks
-    bh = pid // num_n_blocks
+    dK/dV kernel: key tiles fastest in the grid (in groups of ``heads_per_group`` B·Hkv rows,
+    see tile_and_row_of_program; under CAUSAL the first key tiles, seen from the most Q tiles,
+    start first); the Q tiles of BLOCK_M rows its keys are seen from are first_tile..
+    (n_q_tiles of the head's n_q_blocks; under CAUSAL, bottom-right aligned, the first with a
+    row that sees key n_start)."""
+    block_n, bh = tile_and_row_of_program(pid, num_n_blocks, heads_per_group)
     batch = bh // heads_kv
     head_kv = bh % heads_kv
     n_start = block_n * BLOCK_N

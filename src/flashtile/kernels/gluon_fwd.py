@@ -168,21 +168,23 @@ def _pipeline_buffers(q_desc, k_desc, v_desc, HALF_M: gl.constexpr, HEAD_DIM: gl
 @gluon.jit
 def _fwd_pingpong_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh,
-    num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, qk_scale,
+    num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
     Launch with num_warps=4 (the default partition is the first consumer) on a 1-D grid of
-    num_m_blocks × B × Hq programs, Q tiles fastest. Descriptors: q_desc and o_desc over
+    num_m_blocks × B × Hq programs, Q tiles fastest in groups of heads_per_group heads
+    (q_tile_of_program). Descriptors: q_desc and o_desc over
     (B, Hq, Sq, D) with a (1, 1, BLOCK_M / 2, D) block, k_desc and v_desc over
     (B, Hkv, Sk, D) with (1, 1, BLOCK_N, D).
     """
     gl.static_assert(num_warps == 4)
     HALF_M: gl.constexpr = BLOCK_M // 2
-    batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, num_heads_q,
-                                                              group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
+    batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, heads_per_group,
+                                                              num_heads_q, group_size, seqlen_q, seqlen_k,
+                                                              BLOCK_M, CAUSAL)
     # At least one tile: rows that see no key at all still run (masked) and write O = 0,
     # LSE = -inf; the host never launches with seqlen_k = 0.
     n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)

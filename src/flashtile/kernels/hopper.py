@@ -404,6 +404,29 @@ def _listed_stages(head_dim: int, block_n: int, seqlen_k: int) -> int:
     return dense_stages if block_n == dense_n else 3
 
 
+# A causal grid runs its B·H rows in groups whose streamed tensors (K and V for the forward and
+# dQ, Q and dO for dK/dV) take about this much of the H200's 50 MB of L2, each group's heaviest
+# tiles first (gluon_common.tile_and_row_of_program). Measured against rows one after the other
+# (0 here; probes/causal_order.py, session 16, CUDA graphs): 16 MiB took 2-7% off the causal
+# forward and backward from 2k to 8k keys (d256's forward the most), 8 MiB less at d256, 32
+# MiB less at d128, and the whole grid as one group lost 2-14% (K/V fell out of L2).
+CAUSAL_L2_BYTES = 16 * 2 ** 20
+
+
+def causal_heads_per_group(causal: bool, rows: int, seqlen: int, head_dim: int, element_size: int,
+                           shared_by: int = 1, streams_for: int = 1) -> int:
+    """How many of a grid's ``rows`` (B·H of the program's own heads) go in one group of
+    tile_and_row_of_program: 1 without a causal mask, where every tile carries the same work
+    and rows one after the other keep a head's K/V in L2. Each row's programs stream two
+    (seqlen, head_dim) tensors of ``element_size`` bytes, for ``streams_for`` heads of them
+    (a dK/dV program reads the Q and dO of its kv head's GQA group), and ``shared_by`` rows
+    share them (the forward's q heads of one kv head)."""
+    if not causal or CAUSAL_L2_BYTES <= 0:
+        return 1
+    per_row = 2 * seqlen * head_dim * element_size * streams_for
+    return max(1, min(rows, CAUSAL_L2_BYTES * shared_by // per_row))
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, softmax_scale: float,
             causal: bool, block_mask=None) -> torch.Tensor:
     """Write out (B, Hq, Sq, D) and return the LSE (B, Hq, Sq), float32, natural log. D of any
@@ -420,11 +443,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
         _listed_forward(gluon_fwd, q, k, v, out, lse, softmax_scale, block_mask, head_dim, num_m_blocks)
         return lse
     block_n, num_stages = _config(head_dim, seqlen_k)
+    group = heads_q // heads_kv
+    heads_per_group = causal_heads_per_group(causal, batch * heads_q, seqlen_k, head_dim, q.element_size(),
+                                             shared_by=group)
     fast_launch.launch(
         gluon_fwd._fwd_pingpong_kernel, (num_m_blocks * batch * heads_q,),
         _tile_descriptor(q, BLOCK_M // 2, head_dim), _tile_descriptor(k, block_n, head_dim),
         _tile_descriptor(v, block_n, head_dim), _tile_descriptor(out, BLOCK_M // 2, head_dim),
-        lse, lse.stride(0), lse.stride(1), heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks,
+        lse, lse.stride(0), lse.stride(1), heads_q, group, seqlen_q, seqlen_k, num_m_blocks, heads_per_group,
         softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=block_n, NUM_STAGES=num_stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
@@ -588,11 +614,14 @@ def _fused_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, d
     box = (block_m, head_dim // 2)
     dq_acc_desc = _descriptor(dq_acc, box, _sum_layout(box))
     num_n_blocks = triton.cdiv(seqlen_k, block_n)
+    group = heads_q // heads_kv
+    heads_per_group = causal_heads_per_group(causal, batch * heads_kv, seqlen_q, head_dim, q.element_size(),
+                                             streams_for=group)
     fast_launch.launch(
         gluon_bwd_fused._dkdv_dq_kernel, (num_n_blocks * batch * heads_kv,),
         tile(q, block_m), tile(dout, block_m), tile(k, block_n // 2), tile(v, block_n // 2), tile(dk, block_n // 2),
         tile(dv, block_n // 2), _stats(lse2, block_m), _stats(delta, block_m), dq_acc_desc,
-        heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, s_pad,
+        heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad,
         softmax_scale * LOG2E, softmax_scale,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
@@ -695,6 +724,7 @@ def _seven_product_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, d
         tile(q, block_m), tile(dout, block_m), tile(k, kv_rows), tile(v, kv_rows), tile(dk, kv_rows),
         tile(dv, kv_rows),
         _stats(lse2, block_m), _stats(delta, block_m), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks,
+        causal_heads_per_group(causal, batch * heads_kv, seqlen_q, head_dim, q.element_size(), streams_for=group),
         qk_scale, softmax_scale,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, **wide,
@@ -705,7 +735,9 @@ def _seven_product_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, d
         gluon_bwd._dq_kernel, (num_m_blocks * batch * heads_q,),
         tile(q, block_m // 2), tile(dout, block_m // 2), tile(k, block_n), tile(v, block_n), tile(dq, block_m // 2),
         lse2, delta, lse2.stride(0),
-        heads_q, group, seqlen_q, seqlen_k, num_m_blocks, qk_scale, softmax_scale,
+        heads_q, group, seqlen_q, seqlen_k, num_m_blocks,
+        causal_heads_per_group(causal, batch * heads_q, seqlen_k, head_dim, q.element_size(), shared_by=group),
+        qk_scale, softmax_scale,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
     )
