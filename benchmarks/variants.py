@@ -8,6 +8,7 @@ dropout and bias overheads. bf16, batch 1, heads 16, headdim 128.
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 from packed import dense_and_packed
@@ -29,17 +30,35 @@ def time_fwd_bwd(**options):
     return fwd, bwd
 
 
+@contextlib.contextmanager
+def band_path():
+    """The window on the Triton kernels' band path, where sm_90 would run it as a block mask on
+    the block-sparse Gluon kernels (hopper.BAND_AS_BLOCK_MASK): the two in one run."""
+    from flashtile.kernels import hopper
+
+    before, hopper.BAND_AS_BLOCK_MASK = hopper.BAND_AS_BLOCK_MASK, False
+    try:
+        yield
+    finally:
+        hopper.BAND_AS_BLOCK_MASK = before
+
+
 def main():
+    window = dict(causal=True, window_size=(ARGS.window, 0))
     rows = {
-        "dense causal": dict(causal=True),
-        f"sliding window {ARGS.window} (causal)": dict(causal=True, window_size=(ARGS.window, 0)),
-        "causal + dropout 0.1": dict(causal=True, dropout_p=0.1),
-        "causal + key bias": dict(causal=True, bias="full-row"),
+        "dense causal": (dict(causal=True), contextlib.nullcontext),
+        f"sliding window {ARGS.window} (causal)": (window, contextlib.nullcontext),
+        "  the same, Triton band path": (window, band_path),
+        "causal + dropout 0.1": (dict(causal=True, dropout_p=0.1), contextlib.nullcontext),
+        "causal + key bias": (dict(causal=True, bias="full-row"), contextlib.nullcontext),
     }
+    if ARGS.window_only:
+        rows = dict(list(rows.items())[:3])
     base = None
     print(f"N={ARGS.seqlen}, heads 16, headdim 128, bf16: fwd ms / bwd ms (speed-up vs dense causal)")
-    for name, options in rows.items():
-        fwd, bwd = time_fwd_bwd(**options)
+    for name, (options, setting) in rows.items():
+        with setting():
+            fwd, bwd = time_fwd_bwd(**options)
         base = base or (fwd, bwd)
         print(f"{name:32s} {fwd:8.2f} / {bwd:8.2f}   ({base[0] / fwd:5.2f}x / {base[1] / bwd:5.2f}x)", flush=True)
 
@@ -64,7 +83,10 @@ if __name__ == "__main__":
     parser.add_argument("--varlen", type=int, nargs=2, default=[8, 2048], metavar=("SEQS", "SEQLEN"),
                         help="the varlen-vs-dense row: number of sequences and their length")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (meaningless times)")
+    parser.add_argument("--window-only", action="store_true",
+                        help="only dense causal and the window rows (no dropout, bias or varlen rows)")
     ARGS = parser.parse_args()
     # The varlen row first: it is short, and the dropout row may meet a caller's time limit.
-    varlen_vs_dense(*ARGS.varlen)
+    if not ARGS.window_only:
+        varlen_vs_dense(*ARGS.varlen)
     main()

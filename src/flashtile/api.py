@@ -16,10 +16,11 @@ from . import ops
 from .backends import select_backend
 from .block_mask import BlockMask, create_block_mask, depends_on_batch_and_head, register
 from .kernels.configs import interpreting
+from .mask_mods import band_mask_mod
 from .mask_mods import mask_mod as as_mask_mod
 from .score_mods import register as register_score_mod
 from .score_mods import score_mod as as_score_mod
-from .masks import normalize_window
+from .masks import Band, normalize_window
 from .validation import (check_backend_limits, check_bias, check_options, check_packed, check_qkv,
                          last_dim_contiguous)
 
@@ -121,6 +122,11 @@ def attention(
     # (score_mod is kept as a ScoreMod: a strong reference until the op has run)
     score_mod, score_key = _register_score_mod(score_mod, backend, heads_q, q, k, v, bias)
     band = normalize_window(causal, window_size)
+    if mask_key is None and score_key is None:
+        plain = softcap == 0 and alibi_slopes is None and bias is None and dropout_p == 0
+        band_block = _band_block_mask(band, plain, q, headdim, seqlen_q, seqlen_k, backend)
+        if band_block is not None:  # the same band, as a block mask: no band left for the kernels
+            mask_key, band = register(band_block), Band(None, None)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention(
         q, k, v, layout, softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
@@ -128,6 +134,40 @@ def attention(
         score_key, deterministic,
     )
     return (out, lse) if return_lse else out
+
+
+_BAND_BLOCK_MASKS: dict = {}  # (band MaskMod, seqlen, device) -> BlockMask
+_BAND_BLOCK_MASKS_MAX = 64
+
+
+def _band_block_mask(band: Band, plain: bool, q: torch.Tensor, headdim: int, seqlen_q: int, seqlen_k: int,
+                     backend: str) -> BlockMask | None:
+    """A sliding-window ``band`` as a block mask of the same (query, key) pairs, for the calls
+    whose window runs faster on the block-sparse Gluon kernels (hopper.band_takes_block_sparse:
+    sm_90, bf16/fp16, head dims up to 128; no softcap, ALiBi, bias, dropout or score_mod) and
+    whose queries are the keys (seqlen_q == seqlen_k: a KV-cache call, whose lengths change
+    from step to step, would build a block mask and compile a mask for each new offset);
+    None keeps the band for the kernels' own band path. Built once per band and length and
+    kept; not under torch.compile (a graph cannot hold the build), and during CUDA-graph
+    capture only if built before (building reads back to the host)."""
+    if not plain or band.is_full or band == Band(None, 0) or backend != "triton" or seqlen_q != seqlen_k:
+        return None
+    if torch.compiler.is_compiling():
+        return None
+    from .kernels import hopper  # (Triton's: only where the Triton backend runs)
+
+    if not hopper.band_takes_block_sparse(q, headdim):
+        return None
+    mask = band_mask_mod(None if band.left is None else -band.left, band.right)
+    key = (mask, seqlen_q, q.device)
+    block = _BAND_BLOCK_MASKS.get(key)
+    if block is None:
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        if len(_BAND_BLOCK_MASKS) >= _BAND_BLOCK_MASKS_MAX:
+            _BAND_BLOCK_MASKS.clear()
+        block = _BAND_BLOCK_MASKS[key] = create_block_mask(mask, 1, 1, seqlen_q, seqlen_k, q.device)
+    return block
 
 
 def _register_score_mod(score_mod, backend: str, heads_q: int, q, k, v, bias):

@@ -27,6 +27,7 @@ wanted). For seqlen_q = seqlen_k = 4, ``causal_mask()`` and ``sliding_window_mas
 
 from __future__ import annotations
 
+import functools
 import itertools
 import linecache
 import sys
@@ -176,6 +177,25 @@ def sliding_window_mask(window: int) -> MaskMod:
     """Query i sees keys i - window .. i + window (combine with causal_mask() for a causal window)."""
     window = _non_negative("window", window)
     return _generated(f"window_{window}", f"(q_idx - kv_idx <= {window}) & (kv_idx - q_idx <= {window})")
+
+
+@functools.lru_cache(maxsize=64)
+def band_mask_mod(lower: int | None, upper: int | None) -> MaskMod:
+    """Key kv_idx is seen from query q_idx when ``lower <= kv_idx - q_idx <= upper`` (None:
+    unbounded on that side): masks.py's band with its offset folded in, ``lower = offset -
+    window_left`` and ``upper = offset + window_right``. One MaskMod per pair, so that calls
+    with the same band share its block masks and compiled kernels."""
+    def bound(value: int) -> str:
+        return f"({value})"
+    terms = []
+    if lower is not None:
+        terms.append(f"(kv_idx - q_idx >= {bound(lower)})")
+    if upper is not None:
+        terms.append(f"(kv_idx - q_idx <= {bound(upper)})")
+    if not terms:
+        raise ValueError("band_mask_mod: give at least one bound")
+    name = "band_" + "_".join("x" if v is None else (f"m{-v}" if v < 0 else str(v)) for v in (lower, upper))
+    return _generated(name, " & ".join(terms))
 
 
 def prefix_lm_mask(prefix_length: int) -> MaskMod:

@@ -387,6 +387,22 @@ def default_block_mask_tiles(q: torch.Tensor, seqlen_k: int, mask=None) -> tuple
     return (BLOCK_M, 128) if wide else (BLOCK_M, 64)
 
 
+# A sliding-window band (causal=True with a left window, or any window_size) runs as a block
+# mask of the band on the block-sparse Gluon kernels where they cover both passes (api.py
+# builds it once per band and shape): the Triton kernels' band path ran ~0.8x of the Gluon
+# kernels' speed per tile. False: such calls keep the Triton kernels' band path.
+BAND_AS_BLOCK_MASK = True
+
+
+def band_takes_block_sparse(q: torch.Tensor, head_dim: int) -> bool:
+    """Whether a plain sliding-window call on q (B, S, H, D) of ``head_dim`` runs as a block
+    mask on the block-sparse Gluon kernels (BAND_AS_BLOCK_MASK): on sm_90 with the Gluon
+    forward and backward both allowed, bf16 or fp16, at kernel head dims 64 and 128 (d256's
+    backward has no block-sparse Gluon kernel)."""
+    return (BAND_AS_BLOCK_MASK and q.dtype in DTYPES and kernel_head_dim(head_dim) in (64, 128)
+            and _device_runs_them(q) and setting(False) != "0" and setting(True) != "0")
+
+
 def listed_backward_fits(block_mask, head_dim: int) -> bool:
     """Whether the block-sparse Gluon backward runs ``block_mask``'s backward tiles: the dK/dV
     kernel's 64-row Q tiles past 128 keys (BlockMask.dkdv_blocks) and the dQ kernel's 128-row Q

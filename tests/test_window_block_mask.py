@@ -1,0 +1,172 @@
+"""A sliding window run as a block mask of its band (api._band_block_mask): on sm_90 such calls
+take the block-sparse Gluon kernels. On the CPU the same conversion is forced
+(hopper.band_takes_block_sparse) and runs the Triton block-sparse kernels in the interpreter,
+against the float64 oracle of the band itself."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import flashtile
+from flashtile import api
+from flashtile.block_mask import BlockMask
+from flashtile.mask_mods import band_mask_mod, dense_mask
+from flashtile.masks import Band, band_mask
+from test_kernels import check_case
+
+HAS_CUDA = torch.cuda.is_available()
+ON_HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+triton = pytest.importorskip("triton")
+from flashtile.kernels import hopper  # noqa: E402  (imports Triton)
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 1), (17, 17), (113, 203), (203, 113), (5, 7)])
+@pytest.mark.parametrize("left,right", [(0, 0), (3, 0), (5, None), (None, 2), (4, 9), (40, 0), (0, -3)])
+def test_the_band_mask_mod_sees_what_the_band_sees(seqlen_q, seqlen_k, left, right):
+    offset = seqlen_k - seqlen_q
+    mask = band_mask_mod(None if left is None else offset - left, None if right is None else offset + right)
+    got = dense_mask(mask, 1, 1, seqlen_q, seqlen_k)[0, 0]
+    assert torch.equal(got, band_mask(seqlen_q, seqlen_k, Band(left, right)))
+
+
+def test_one_band_mask_mod_per_band():
+    assert band_mask_mod(-3, 0) is band_mask_mod(-3, 0)
+    assert band_mask_mod(-3, 0) is not band_mask_mod(-3, 1)
+    assert band_mask_mod(None, 5).name == "band_x_5" and band_mask_mod(-2, None).name == "band_m2_x"
+    with pytest.raises(ValueError, match="at least one bound"):
+        band_mask_mod(None, None)
+
+
+@pytest.fixture
+def band_blocks(monkeypatch):
+    """The conversion forced on (as on sm_90), the Triton backend, and the block masks it built."""
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    monkeypatch.setattr(hopper, "band_takes_block_sparse", lambda q, head_dim: True)
+    monkeypatch.setattr(api, "_BAND_BLOCK_MASKS", {})
+    built = []
+    make = api._band_block_mask
+
+    def recorded(*args, **kwargs):
+        block = make(*args, **kwargs)
+        built.append(block)
+        return block
+
+    monkeypatch.setattr(api, "_band_block_mask", recorded)
+    return built
+
+
+# batch, seqlen, hq, hkv, d, causal, window, layout: GQA, odd lengths and head dims, both layouts
+CASES = [
+    (1, 17, 2, 2, 16, True, (5, -1), "bshd"),
+    (2, 40, 4, 2, 40, False, (7, 3), "bhsd"),
+    (1, 37, 2, 1, 32, True, (0, -1), "bshd"),
+    (1, 45, 2, 2, 16, False, (-1, 6), "bhsd"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"n{c[1]}-w{c[6][0]}_{c[6][1]}-{'causal' if c[5] else 'full'}"
+                                             for c in CASES])
+def test_a_window_run_as_its_block_mask_matches_the_oracle(band_blocks, case):
+    batch, n, hq, hkv, d, causal, window, layout = case
+    check_case(batch, n, n, hq, hkv, d, torch.float32, causal=causal, window=window, layout=layout, device="cpu")
+    assert len(band_blocks) == 1 and isinstance(band_blocks[0], BlockMask)
+    assert (band_blocks[0].seqlen_q, band_blocks[0].seqlen_k) == (n, n)
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(37, 20), (20, 45)])
+def test_queries_apart_from_the_keys_keep_the_band_path(band_blocks, seqlen_q, seqlen_k):
+    # (a KV-cache call: its offset changes from step to step; a mask per offset would recompile)
+    check_case(1, seqlen_q, seqlen_k, 2, 1, 16, torch.float32, causal=True, window=(4, -1), device="cpu")
+    assert band_blocks == [None]
+
+
+def test_the_band_block_mask_is_built_once_per_band_and_shape(band_blocks):
+    q, k, v = (torch.randn(1, 24, 2, 16) for _ in range(3))
+    for _ in range(2):
+        flashtile.attention(q, k, v, causal=True, window_size=(6, -1))
+    flashtile.attention(q, k, v, causal=True, window_size=(7, -1))
+    first, again, other = band_blocks
+    assert first is again and other is not first
+
+
+@pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(causal=True, window_size=(4, -1), softcap=5.0),
+                                     dict(window_size=(4, 4), dropout_p=0.1),
+                                     dict(window_size=(4, 4), alibi_slopes=torch.ones(2)),
+                                     dict(causal=True, window_size=(4, -1), bias=torch.zeros(1, 1, 1, 24))],
+                         ids=["full", "causal", "softcap", "dropout", "alibi", "bias"])
+def test_what_is_not_a_plain_window_keeps_the_kernels_band_path(band_blocks, options):
+    q, k, v = (torch.randn(1, 24, 2, 16) for _ in range(3))
+    flashtile.attention(q, k, v, **options)
+    assert band_blocks and all(block is None for block in band_blocks)
+
+
+def test_without_the_gluon_kernels_a_window_keeps_the_band_path(monkeypatch):
+    # the CPU here: band_takes_block_sparse says no (no sm_90), so nothing is built
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    monkeypatch.setattr(api, "_BAND_BLOCK_MASKS", {})
+    q, k, v = (torch.randn(1, 24, 2, 16) for _ in range(3))
+    flashtile.attention(q, k, v, causal=True, window_size=(6, -1))
+    assert api._BAND_BLOCK_MASKS == {}
+    assert not hopper.band_takes_block_sparse(q, 16)
+
+
+def test_band_takes_block_sparse_follows_the_switches_and_head_dims(monkeypatch):
+    monkeypatch.setattr(hopper, "_device_runs_them", lambda q: True)
+    q = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16)
+    monkeypatch.setenv("FLASHTILE_GLUON", "auto")
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "auto")
+    assert hopper.band_takes_block_sparse(q, 128) and hopper.band_takes_block_sparse(q, 64)
+    assert hopper.band_takes_block_sparse(q, 96)  # runs the d128 kernels over zero columns
+    assert not hopper.band_takes_block_sparse(q, 256)  # no block-sparse Gluon backward at d256
+    assert not hopper.band_takes_block_sparse(q.float(), 128)
+    for switch in ("FLASHTILE_GLUON", "FLASHTILE_GLUON_BWD"):
+        monkeypatch.setenv(switch, "0")
+        assert not hopper.band_takes_block_sparse(q, 128)
+        monkeypatch.setenv(switch, "auto")
+    monkeypatch.setattr(hopper, "BAND_AS_BLOCK_MASK", False)
+    assert not hopper.band_takes_block_sparse(q, 128)
+
+
+GPU_CASES = [
+    (torch.bfloat16, d, sq_sk, causal, window)
+    for d, sq_sk, (causal, window) in itertools.product(
+        [64, 128, 96], [(17, 17), (113, 113), (203, 113), (1023, 1023), (2048, 2048)],
+        [(True, (256, -1)), (False, (100, 37)), (True, (64, -1))])
+] + [(torch.float16, d, (1023, 1023), True, (256, -1)) for d in (64, 128)]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ON_HOPPER, reason="the block-sparse Gluon kernels are built for sm_90")
+@pytest.mark.parametrize("dtype,headdim,seqlens,causal,window", GPU_CASES,
+                         ids=[f"{str(c[0])[6:]}-d{c[1]}-q{c[2][0]}k{c[2][1]}-{'causal' if c[3] else 'full'}-"
+                              f"w{c[4][0]}_{c[4][1]}" for c in GPU_CASES])
+def test_gpu_a_window_runs_on_the_block_sparse_gluon_kernels(monkeypatch, dtype, headdim, seqlens, causal, window):
+    monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
+    monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    listed = []
+    for name in ("_listed_forward", "_listed_backward"):
+        run = getattr(hopper, name)
+
+        def counted(*args, _run=run, _name=name, **kwargs):
+            listed.append(_name)
+            return _run(*args, **kwargs)
+
+        monkeypatch.setattr(hopper, name, counted)
+    sq, sk = seqlens
+    index = GPU_CASES.index((dtype, headdim, seqlens, causal, window))
+    heads_q, heads_kv = [(8, 2), (4, 4), (8, 1)][index % 3]
+    check_case(2 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q, heads_kv, headdim, dtype, causal=causal,
+               window=window, layout=["bshd", "bhsd"][(index // 3) % 2], device="cuda")
+    # queries apart from the keys keep the Triton kernels' band path (see _band_block_mask); the
+    # forward takes the block-sparse Gluon kernel where auto takes Gluon at its head dim and
+    # length (d64 below 4k keys keeps the Triton block-sparse forward)
+    expected = ["_listed_backward"]
+    if hopper.measured_faster(headdim, sk, backward=False):
+        expected.insert(0, "_listed_forward")
+    assert listed == (expected if sq == sk else [])
+    assert hopper._FAILED == set(), "a Gluon kernel failed to build and fell back to Triton"
