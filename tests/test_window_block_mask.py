@@ -120,7 +120,9 @@ def test_band_takes_block_sparse_follows_the_switches_and_head_dims(monkeypatch)
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "auto")
     assert hopper.band_takes_block_sparse(q, 128) and hopper.band_takes_block_sparse(q, 64)
     assert hopper.band_takes_block_sparse(q, 96)  # runs the d128 kernels over zero columns
+    assert hopper.band_takes_block_sparse(q, 40)
     assert not hopper.band_takes_block_sparse(q, 256)  # no block-sparse Gluon backward at d256
+    assert not hopper.band_takes_block_sparse(q, 80) and not hopper.band_takes_block_sparse(q, 16)  # not timed
     assert not hopper.band_takes_block_sparse(q.float(), 128)
     for switch in ("FLASHTILE_GLUON", "FLASHTILE_GLUON_BWD"):
         monkeypatch.setenv(switch, "0")

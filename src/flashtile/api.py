@@ -144,7 +144,7 @@ def _band_block_mask(band: Band, plain: bool, q: torch.Tensor, headdim: int, seq
                      backend: str) -> BlockMask | None:
     """A sliding-window ``band`` as a block mask of the same (query, key) pairs, for the calls
     whose window runs faster on the block-sparse Gluon kernels (hopper.band_takes_block_sparse:
-    sm_90, bf16/fp16, head dims up to 128; no softcap, ALiBi, bias, dropout or score_mod) and
+    sm_90, bf16/fp16, head dims 40, 64, 96 and 128; no softcap, ALiBi, bias, dropout or score_mod) and
     whose queries are the keys (seqlen_q == seqlen_k: a KV-cache call, whose lengths change
     from step to step, would build a block mask and compile a mask for each new offset);
     None keeps the band for the kernels' own band path. Built once per band and length and

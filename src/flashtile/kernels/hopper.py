@@ -397,9 +397,11 @@ BAND_AS_BLOCK_MASK = True
 def band_takes_block_sparse(q: torch.Tensor, head_dim: int) -> bool:
     """Whether a plain sliding-window call on q (B, S, H, D) of ``head_dim`` runs as a block
     mask on the block-sparse Gluon kernels (BAND_AS_BLOCK_MASK): on sm_90 with the Gluon
-    forward and backward both allowed, bf16 or fp16, at kernel head dims 64 and 128 (d256's
-    backward has no block-sparse Gluon kernel)."""
+    forward and backward both allowed, bf16 or fp16, at head dims whose Gluon backward was
+    measured ahead (measured_faster) on the kernels of width 64 and 128: 40, 64, 96 and 128
+    (d256's backward has no block-sparse Gluon kernel; other head dims were not timed)."""
     return (BAND_AS_BLOCK_MASK and q.dtype in DTYPES and kernel_head_dim(head_dim) in (64, 128)
+            and measured_faster(head_dim, 0, backward=True)
             and _device_runs_them(q) and setting(False) != "0" and setting(True) != "0")
 
 
