@@ -84,12 +84,53 @@ def test_queries_apart_from_the_keys_keep_the_band_path(band_blocks, seqlen_q, s
 
 
 def test_the_band_block_mask_is_built_once_per_band_and_shape(band_blocks):
-    q, k, v = (torch.randn(1, 24, 2, 16) for _ in range(3))
+    q, k, v = (torch.randn(1, 24, 2, 16, requires_grad=True) for _ in range(3))
     for _ in range(2):
         flashtile.attention(q, k, v, causal=True, window_size=(6, -1))
     flashtile.attention(q, k, v, causal=True, window_size=(7, -1))
     first, again, other = band_blocks
     assert first is again and other is not first
+    # the interpreter's 16 x 16 tiles: a 24-long band of 7 keys holds empty, partial and full tiles
+    assert (first.block_m, first.block_n) == (16, 16)
+
+
+def test_without_a_backward_to_follow_a_window_keeps_the_band_path(band_blocks):
+    # inference: prompt and cache lengths change from call to call, and each new length would
+    # build a block mask (training repeats its lengths, and its backward gains the most)
+    q, k, v = (torch.randn(1, 24, 2, 16, requires_grad=True) for _ in range(3))
+    with torch.no_grad():
+        flashtile.attention(q, k, v, causal=True, window_size=(6, -1))
+    flashtile.attention(q.detach(), k.detach(), v.detach(), causal=True, window_size=(6, -1))
+    assert band_blocks == [None, None]
+
+
+def test_under_torch_compile_a_window_keeps_the_band_path(band_blocks, monkeypatch):
+    # (building a block mask is host work a compiled graph cannot hold)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    q, k, v = (torch.randn(1, 24, 2, 16, requires_grad=True) for _ in range(3))
+    flashtile.attention(q, k, v, causal=True, window_size=(6, -1))
+    assert band_blocks == [None]
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 1), (5, 5), (5, 9), (9, 5)])
+def test_a_bound_that_hides_no_key_is_dropped(seqlen_q, seqlen_k):
+    for left, right in itertools.product([None, 0, 1, 3, 4, 7, 8, 9, 20], [None, 0, 3, 4, 5, 8, 20]):
+        band = Band(left, right)
+        clamped = band.clamped(seqlen_q, seqlen_k)
+        assert torch.equal(band_mask(seqlen_q, seqlen_k, clamped), band_mask(seqlen_q, seqlen_k, band))
+        if left is not None and left >= seqlen_k - 1:
+            assert clamped.left is None
+        if right is not None and right >= seqlen_q - 1:
+            assert clamped.right is None
+    assert Band(2, 0).clamped(9, 9) == Band(2, 0)
+
+
+def test_a_window_wider_than_the_sequence_is_causal_and_builds_nothing(band_blocks):
+    q, k, v = (torch.randn(1, 24, 2, 16, requires_grad=True) for _ in range(3))
+    wide = flashtile.attention(q, k, v, causal=True, window_size=(23, -1))
+    causal = flashtile.attention(q, k, v, causal=True)
+    assert torch.equal(wide, causal)
+    assert band_blocks == [None, None]
 
 
 @pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(causal=True, window_size=(4, -1), softcap=5.0),
@@ -98,7 +139,7 @@ def test_the_band_block_mask_is_built_once_per_band_and_shape(band_blocks):
                                      dict(causal=True, window_size=(4, -1), bias=torch.zeros(1, 1, 1, 24))],
                          ids=["full", "causal", "softcap", "dropout", "alibi", "bias"])
 def test_what_is_not_a_plain_window_keeps_the_kernels_band_path(band_blocks, options):
-    q, k, v = (torch.randn(1, 24, 2, 16) for _ in range(3))
+    q, k, v = (torch.randn(1, 24, 2, 16, requires_grad=True) for _ in range(3))
     flashtile.attention(q, k, v, **options)
     assert band_blocks and all(block is None for block in band_blocks)
 
@@ -107,7 +148,7 @@ def test_without_the_gluon_kernels_a_window_keeps_the_band_path(monkeypatch):
     # the CPU here: band_takes_block_sparse says no (no sm_90), so nothing is built
     monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
     monkeypatch.setattr(api, "_BAND_BLOCK_MASKS", {})
-    q, k, v = (torch.randn(1, 24, 2, 16) for _ in range(3))
+    q, k, v = (torch.randn(1, 24, 2, 16, requires_grad=True) for _ in range(3))
     flashtile.attention(q, k, v, causal=True, window_size=(6, -1))
     assert api._BAND_BLOCK_MASKS == {}
     assert not hopper.band_takes_block_sparse(q, 16)

@@ -121,10 +121,11 @@ def attention(
                                         q, backend)
     # (score_mod is kept as a ScoreMod: a strong reference until the op has run)
     score_mod, score_key = _register_score_mod(score_mod, backend, heads_q, q, k, v, bias)
-    band = normalize_window(causal, window_size)
+    band = normalize_window(causal, window_size).clamped(seqlen_q, seqlen_k)
     if mask_key is None and score_key is None:
         plain = softcap == 0 and alibi_slopes is None and bias is None and dropout_p == 0
-        band_block = _band_block_mask(band, plain, q, headdim, seqlen_q, seqlen_k, backend)
+        band_block = _band_block_mask(band, plain, q, headdim, seqlen_q, seqlen_k, backend,
+                                      training=ops.needs_grad(q, k, v, bias))
         if band_block is not None:  # the same band, as a block mask: no band left for the kernels
             mask_key, band = register(band_block), Band(None, None)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
@@ -138,19 +139,25 @@ def attention(
 
 _BAND_BLOCK_MASKS: dict = {}  # (band MaskMod, seqlen, device) -> BlockMask
 _BAND_BLOCK_MASKS_MAX = 64
+# Block masks a CUDA graph captured: the graph holds raw pointers into their lists, so they are
+# never dropped (the cache above may be cleared, and create_block_mask's keeps 64).
+_BAND_BLOCK_MASKS_IN_GRAPHS: dict = {}
 
 
 def _band_block_mask(band: Band, plain: bool, q: torch.Tensor, headdim: int, seqlen_q: int, seqlen_k: int,
-                     backend: str) -> BlockMask | None:
+                     backend: str, training: bool) -> BlockMask | None:
     """A sliding-window ``band`` as a block mask of the same (query, key) pairs, for the calls
     whose window runs faster on the block-sparse Gluon kernels (hopper.band_takes_block_sparse:
-    sm_90, bf16/fp16, head dims 40, 64, 96 and 128; no softcap, ALiBi, bias, dropout or score_mod) and
-    whose queries are the keys (seqlen_q == seqlen_k: a KV-cache call, whose lengths change
-    from step to step, would build a block mask and compile a mask for each new offset);
-    None keeps the band for the kernels' own band path. Built once per band and length and
-    kept; not under torch.compile (a graph cannot hold the build), and during CUDA-graph
-    capture only if built before (building reads back to the host)."""
-    if not plain or band.is_full or band == Band(None, 0) or backend != "triton" or seqlen_q != seqlen_k:
+    sm_90, bf16/fp16, head dims 40, 64, 96 and 128; no softcap, ALiBi, bias, dropout or
+    score_mod); None keeps the band for the kernels' own band path. Only where a backward will
+    follow (``training``: the backward gained the most, and a training run's lengths repeat) and
+    the queries are the keys (seqlen_q == seqlen_k): a call of a new length or offset builds a
+    block mask (host work and a sync, ~ms), and a new window compiles its mask into the kernels,
+    which inference over changing prompt or cache lengths would pay again and again. Built once
+    per band and length and kept; not under torch.compile (a graph cannot hold the build), and
+    during CUDA-graph capture only if built before (building reads back to the host)."""
+    if (not plain or not training or band.is_full or band == Band(None, 0) or backend != "triton"
+            or seqlen_q != seqlen_k):
         return None
     if torch.compiler.is_compiling():
         return None
@@ -160,14 +167,24 @@ def _band_block_mask(band: Band, plain: bool, q: torch.Tensor, headdim: int, seq
         return None
     mask = band_mask_mod(None if band.left is None else -band.left, band.right)
     key = (mask, seqlen_q, q.device)
-    block = _BAND_BLOCK_MASKS.get(key)
+    block = _BAND_BLOCK_MASKS.get(key) or _BAND_BLOCK_MASKS_IN_GRAPHS.get(key)
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
     if block is None:
-        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        if capturing:
             return None
         if len(_BAND_BLOCK_MASKS) >= _BAND_BLOCK_MASKS_MAX:
             _BAND_BLOCK_MASKS.clear()
-        block = _BAND_BLOCK_MASKS[key] = create_block_mask(mask, 1, 1, seqlen_q, seqlen_k, q.device)
+        block = _BAND_BLOCK_MASKS[key] = create_block_mask(mask, 1, 1, seqlen_q, seqlen_k, q.device,
+                                                           *_band_tiles())
+    if capturing:
+        _BAND_BLOCK_MASKS_IN_GRAPHS[key] = block
     return block
+
+
+def _band_tiles() -> tuple:
+    """create_block_mask's default tiles, or 16 × 16 in the interpreter (each tile costs it time,
+    and the CPU tests' short sequences then hold empty, full and partial tiles)."""
+    return (16, 16) if interpreting() else ()
 
 
 def _register_score_mod(score_mod, backend: str, heads_q: int, q, k, v, bias):

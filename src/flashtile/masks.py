@@ -47,6 +47,15 @@ class Band(NamedTuple):
     def is_full(self) -> bool:
         return self.left is None and self.right is None
 
+    def clamped(self, seqlen_q: int, seqlen_k: int) -> "Band":
+        """The same band with a bound that hides no key of these lengths dropped (a window
+        wider than the sequence): key j >= i + offset - left holds for every pair once
+        left >= seqlen_k - 1, and j <= i + offset + right once right >= seqlen_q - 1. The
+        kernels then take the plain (causal or full) path for it."""
+        left = None if self.left is not None and self.left >= seqlen_k - 1 else self.left
+        right = None if self.right is not None and self.right >= seqlen_q - 1 else self.right
+        return Band(left, right)
+
 
 def normalize_window(causal: bool, window_size: tuple[int, int]) -> Band:
     """Turn flash-attn's ``(causal, window_size)`` pair into one band.

@@ -237,8 +237,8 @@ def _dkdv_kernel(
 ):
     """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile of one kv head.
 
-    Grid: num_n_blocks * B * Hkv programs, key tiles fastest in groups of heads_per_group kv heads
-    (key_tile_of_program); num_warps=4. Descriptors:
+    Grid: num_n_blocks * B * Hkv programs, key tiles fastest (under CAUSAL in groups of heads_per_group
+    kv heads, heads fastest within a group: key_tile_of_program); num_warps=4. Descriptors:
     q/do over (B, Hq, Sq, D) with (1, 1, BLOCK_M, D) blocks; k/v/dk/dv over (B, Hkv, Sk, D)
     with (1, 1, BLOCK_N / 2, D); lse/delta over the (B*Hq, S_pad) float32 buffers with (1, BLOCK_M).
     """
@@ -474,8 +474,8 @@ def _dq_kernel(
 ):
     """dQ (B, Hq, Sq, D) of one BLOCK_M-row Q tile of one head.
 
-    Grid: num_m_blocks * B * Hq, Q tiles fastest in groups of heads_per_group heads
-    (q_tile_of_program); num_warps=4. Descriptors: q/do/dq over
+    Grid: num_m_blocks * B * Hq, Q tiles fastest (under CAUSAL in groups of heads_per_group heads,
+    heads fastest within a group: q_tile_of_program); num_warps=4. Descriptors: q/do/dq over
     (B, Hq, Sq, D) with (1, 1, BLOCK_M / 2, D) blocks, k/v over (B, Hkv, Sk, D) with
     (1, 1, BLOCK_N, D). LSE2, Delta: (B*Hq, S_pad) float32, row stride stride_lrow.
     """

@@ -180,8 +180,8 @@ def _dkdv_wide_kernel(
     """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile (BLOCK_N = 64: one warpgroup's rows) of
     one kv head.
 
-    Grid: num_n_blocks * B * Hkv programs, key tiles fastest in groups of heads_per_group kv heads
-    (key_tile_of_program); num_warps=4. Descriptors:
+    Grid: num_n_blocks * B * Hkv programs, key tiles fastest (under CAUSAL in groups of heads_per_group
+    kv heads, heads fastest within a group: key_tile_of_program); num_warps=4. Descriptors:
     q/do over (B, Hq, Sq, D) with (1, 1, BLOCK_M, D) blocks; k/v/dk/dv over (B, Hkv, Sk, D)
     with (1, 1, BLOCK_N, D); lse/delta over the (B*Hq, S_pad) float32 buffers with (1, BLOCK_M).
     """

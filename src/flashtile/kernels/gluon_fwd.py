@@ -175,8 +175,8 @@ def _fwd_pingpong_kernel(
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
     Launch with num_warps=4 (the default partition is the first consumer) on a 1-D grid of
-    num_m_blocks × B × Hq programs, Q tiles fastest in groups of heads_per_group heads
-    (q_tile_of_program). Descriptors: q_desc and o_desc over
+    num_m_blocks × B × Hq programs, Q tiles fastest (under CAUSAL in groups of heads_per_group heads,
+    heads fastest within a group: q_tile_of_program). Descriptors: q_desc and o_desc over
     (B, Hq, Sq, D) with a (1, 1, BLOCK_M / 2, D) block, k_desc and v_desc over
     (B, Hkv, Sk, D) with (1, 1, BLOCK_N, D).
     """
