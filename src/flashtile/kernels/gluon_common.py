@@ -120,10 +120,10 @@ def tile_and_row_of_program(pid, num_tiles, heads_per_group):
 def q_tile_of_program(pid, num_m_blocks, heads_per_group, heads_q, group_size, seqlen_q, seqlen_k,
                       BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """(batch, head, head_kv, q_start, kv_end) of program ``pid`` of the forward or the dQ
-    kernel: Q tiles fastest in the grid (with ``heads_per_group`` > 1, groups of that many B·Hq
-    rows, rows fastest within a group: tile_and_row_of_program), and under CAUSAL the last tiles of a head (which see the most
-    keys) started first; kv_end is where the keys its rows see end (bottom-right aligned
-    causal: up to the tile's last row's diagonal)."""
+    kernel: Q tiles fastest in the grid (with ``heads_per_group`` > 1, groups of that many
+    B·Hq rows, rows fastest within a group: tile_and_row_of_program), and under CAUSAL the last
+    tiles of a head (which see the most keys) started first; kv_end is where the keys its rows
+    see end (bottom-right aligned causal: up to the tile's last row's diagonal)."""
     block_m, bh = tile_and_row_of_program(pid, num_m_blocks, heads_per_group)
     batch = bh // heads_q
     head = bh % heads_q
@@ -162,10 +162,10 @@ def key_tile_of_program(pid, num_n_blocks, heads_per_group, heads_kv, seqlen_q, 
                         BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """(batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks) of program ``pid`` of a
     dK/dV kernel: key tiles fastest in the grid (with ``heads_per_group`` > 1, groups of that
-    many B·Hkv rows, rows fastest within a group: tile_and_row_of_program; under CAUSAL the first key tiles, seen from the most Q tiles,
-    start first); the Q tiles of BLOCK_M rows its keys are seen from are first_tile..
-    (n_q_tiles of the head's n_q_blocks; under CAUSAL, bottom-right aligned, the first with a
-    row that sees key n_start)."""
+    many B·Hkv rows, rows fastest within a group: tile_and_row_of_program; under CAUSAL the
+    first key tiles, seen from the most Q tiles, start first); the Q tiles of BLOCK_M rows its
+    keys are seen from are first_tile.. (n_q_tiles of the head's n_q_blocks; under CAUSAL,
+    bottom-right aligned, the first with a row that sees key n_start)."""
     block_n, bh = tile_and_row_of_program(pid, num_n_blocks, heads_per_group)
     batch = bh // heads_kv
     head_kv = bh % heads_kv
