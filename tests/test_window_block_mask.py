@@ -5,6 +5,7 @@ against the float64 oracle of the band itself."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -213,3 +214,38 @@ def test_gpu_a_window_runs_on_the_block_sparse_gluon_kernels(monkeypatch, dtype,
         expected.insert(0, "_listed_forward")
     assert listed == (expected if sq == sk else [])
     assert hopper._FAILED == set(), "a Gluon kernel failed to build and fell back to Triton"
+
+
+BAND_SHAPES = [(1, 1), (17, 17), (113, 203), (203, 113), (40, 40), (128, 128), (300, 257)]
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", BAND_SHAPES)
+@pytest.mark.parametrize("tiles", [(16, 16), (32, 16), (16, 64), (128, 64)])
+def test_a_band_s_tiles_in_closed_form_are_the_mask_s_own(seqlen_q, seqlen_k, tiles):
+    # _classify_band must give, tile for tile, what evaluating the mask gives: the same kinds
+    # mean the same lists, so the kernels walk the same tiles either way
+    from flashtile.block_mask import _classify
+
+    bands = [(None, 0), (-5, 0), (-40, 7), (0, None), (3, 90), (-1, -1), (-300, 300), (10, 12), (-17, None)]
+    for lower, upper in bands:
+        closed = band_mask_mod(lower, upper)
+        evaluated = dataclasses.replace(closed, band=None)
+        for batch, heads in ((1, 1), (2, 3)):
+            got = _classify(closed, batch, heads, seqlen_q, seqlen_k, *tiles, "cpu")
+            want = _classify(evaluated, batch, heads, seqlen_q, seqlen_k, *tiles, "cpu")
+            assert torch.equal(got, want), (lower, upper, batch, heads)
+
+
+def test_the_library_bands_carry_their_closed_form():
+    from flashtile.mask_mods import causal_mask, sliding_window_mask
+
+    for mask, band in ((causal_mask(), (None, 0)), (sliding_window_mask(6), (-6, 6)), (band_mask_mod(-3, 2), (-3, 2))):
+        assert mask.band == band
+        plain = dataclasses.replace(mask, band=None)
+        built = flashtile.create_block_mask(mask, 1, 1, 77, 77, "cpu", 16, 32)
+        evaluated = flashtile.create_block_mask(plain, 1, 1, 77, 77, "cpu", 16, 32)
+        for kernel in ("fwd", "dq", "dkdv"):
+            (lists, strides, one_run), (want, want_strides, want_one_run) = built.lists(kernel), evaluated.lists(kernel)
+            assert strides == want_strides and one_run == want_one_run
+            for a, b in zip(lists, want):
+                assert torch.equal(a, b), kernel

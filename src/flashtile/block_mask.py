@@ -3,8 +3,9 @@
 For a mask and tile sizes (BLOCK_M × BLOCK_N), every (Q tile, K/V tile) pair is
 *empty* (skipped), *full* (visible everywhere: no mask evaluated) or *partial* (the
 mask is evaluated per element). Built on the mask's device by evaluating the mask
-one row of tiles at a time (never the whole N×N matrix), cached per (mask, shape),
-and reused across layers and calls. Tiles that hang past the end of the queries or
+one row of tiles at a time (never the whole N×N matrix), or in closed form for a band
+(``MaskMod.band``: causal, sliding-window and flashtile's windows), cached per (mask,
+shape), and reused across layers and calls. Tiles that hang past the end of the queries or
 keys are never full.
 
 Layout (B and H are 1 when the mask does not depend on them)::
@@ -178,6 +179,9 @@ def _same_offsets(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _classify(mask: MaskMod, batch, heads, seqlen_q, seqlen_k, block_m, block_n, device):
     """(B, H, num_m, num_n) uint8: 0 empty, 1 partial, 2 full."""
     num_m, num_n = -(-seqlen_q // block_m), -(-seqlen_k // block_n)
+    if mask.band is not None:  # the same kinds in closed form, without evaluating the mask
+        kinds = _classify_band(*mask.band, seqlen_q, seqlen_k, block_m, block_n, device)
+        return kinds.view(1, 1, num_m, num_n).expand(batch, heads, num_m, num_n).contiguous()
     kinds = torch.empty(batch, heads, num_m, num_n, dtype=torch.uint8, device=device)
     b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
     h = torch.arange(heads, device=device).view(1, -1, 1, 1)
@@ -195,6 +199,29 @@ def _classify(mask: MaskMod, batch, heads, seqlen_q, seqlen_k, block_m, block_n,
             tiles.all(dim=4).all(dim=2)
         kinds[:, :, m] = torch.where(all_visible, 2, torch.where(any_visible, 1, 0)).to(torch.uint8)
     return kinds
+
+
+def _classify_band(lower, upper, seqlen_q, seqlen_k, block_m, block_n, device) -> torch.Tensor:
+    """(num_m, num_n) uint8 kinds of the band ``lower <= kv - q <= upper`` (None: unbounded),
+    as _classify's mask evaluation gives them: a tile's pairs inside the sequences take every
+    difference kv - q from its first key less its last row to its last key less its first row,
+    so it sees some key when that interval meets the band and all of them when the band holds
+    the interval and the tile lies inside both sequences. O(tiles), no per-element work."""
+    num_m, num_n = -(-seqlen_q // block_m), -(-seqlen_k // block_n)
+    row_lo = torch.arange(num_m, device=device).view(-1, 1) * block_m
+    col_lo = torch.arange(num_n, device=device).view(1, -1) * block_n
+    row_hi = (row_lo + block_m).clamp(max=seqlen_q) - 1  # last row inside the queries
+    col_hi = (col_lo + block_n).clamp(max=seqlen_k) - 1
+    least, most = col_lo - row_hi, col_hi - row_lo
+    meets = torch.ones(num_m, num_n, dtype=torch.bool, device=device)
+    holds = ((row_lo + block_m <= seqlen_q) & (col_lo + block_n <= seqlen_k)).expand(num_m, num_n)
+    if lower is not None:
+        meets = meets & (most >= lower)
+        holds = holds & (least >= lower)
+    if upper is not None:
+        meets = meets & (least <= upper)
+        holds = holds & (most <= upper)
+    return torch.where(holds, 2, torch.where(meets, 1, 0)).to(torch.uint8)
 
 
 def _lists(kinds: torch.Tensor):

@@ -59,6 +59,9 @@ class MaskMod:
     user_fn: Callable | None = None
     buffer: torch.Tensor | None = None
     parts: tuple = ()
+    # (lower, upper) when the mask is the band lower <= kv_idx - q_idx <= upper (None: unbounded
+    # on that side) for every b and h: block masks then classify its tiles in closed form.
+    band: tuple | None = None
     _jit: list = field(default_factory=list, repr=False)
 
     def __call__(self, b, h, q_idx, kv_idx):
@@ -130,12 +133,12 @@ def _jit_mask(mask: MaskMod):
     return triton.jit(_exec_source(mask.name, src, namespace))
 
 
-def _generated(name: str, body: str, buffer=None, parts: tuple = ()) -> MaskMod:
+def _generated(name: str, body: str, buffer=None, parts: tuple = (), band: tuple | None = None) -> MaskMod:
     source = f"def {name}(b, h, q_idx, kv_idx, buffer):\n    return {body}\n"
     namespace = {f"_m{i}": p.torch_fn for i, p in enumerate(parts)}
     # The kernels read buffer[i] at buffer + i: a strided or expanded view is copied.
     buffer = buffer.contiguous() if buffer is not None else None
-    return MaskMod(name, _exec_source(name, source, namespace), source, buffer=buffer, parts=parts)
+    return MaskMod(name, _exec_source(name, source, namespace), source, buffer=buffer, parts=parts, band=band)
 
 
 def mask_mod(fn: Callable) -> MaskMod:
@@ -170,13 +173,14 @@ def _keep_on(fn: Callable, attr: str, wrapper):
 
 def causal_mask() -> MaskMod:
     """Query i sees keys 0..i (top-left aligned)."""
-    return _generated("causal", "q_idx >= kv_idx")
+    return _generated("causal", "q_idx >= kv_idx", band=(None, 0))
 
 
 def sliding_window_mask(window: int) -> MaskMod:
     """Query i sees keys i - window .. i + window (combine with causal_mask() for a causal window)."""
     window = _non_negative("window", window)
-    return _generated(f"window_{window}", f"(q_idx - kv_idx <= {window}) & (kv_idx - q_idx <= {window})")
+    return _generated(f"window_{window}", f"(q_idx - kv_idx <= {window}) & (kv_idx - q_idx <= {window})",
+                      band=(-window, window))
 
 
 @functools.lru_cache(maxsize=64)
@@ -195,7 +199,7 @@ def band_mask_mod(lower: int | None, upper: int | None) -> MaskMod:
     if not terms:
         raise ValueError("band_mask_mod: give at least one bound")
     name = "band_" + "_".join("x" if v is None else (f"m{-v}" if v < 0 else str(v)) for v in (lower, upper))
-    return _generated(name, " & ".join(terms))
+    return _generated(name, " & ".join(terms), band=(lower, upper))
 
 
 def prefix_lm_mask(prefix_length: int) -> MaskMod:
