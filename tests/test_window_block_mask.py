@@ -226,7 +226,8 @@ def test_a_band_s_tiles_in_closed_form_are_the_mask_s_own(seqlen_q, seqlen_k, ti
     # mean the same lists, so the kernels walk the same tiles either way
     from flashtile.block_mask import _classify
 
-    bands = [(None, 0), (-5, 0), (-40, 7), (0, None), (3, 90), (-1, -1), (-300, 300), (10, 12), (-17, None)]
+    bands = [(None, 0), (-5, 0), (-40, 7), (0, None), (3, 90), (-1, -1), (-300, 300), (10, 12), (-17, None),
+             (5, 2), (-3, -8)]  # (the last two see nothing: every tile empty)
     for lower, upper in bands:
         closed = band_mask_mod(lower, upper)
         evaluated = dataclasses.replace(closed, band=None)

@@ -140,7 +140,8 @@ def attention(
 _BAND_BLOCK_MASKS: dict = {}  # (band MaskMod, seqlen, device) -> BlockMask
 _BAND_BLOCK_MASKS_MAX = 64
 # Block masks a CUDA graph captured: the graph holds raw pointers into their lists, so they are
-# never dropped (the cache above may be cleared, and create_block_mask's keeps 64).
+# never dropped (the cache above may be cleared, and create_block_mask's keeps 64). One entry per
+# band and length a capture used: as many as the graphs a program captures.
 _BAND_BLOCK_MASKS_IN_GRAPHS: dict = {}
 
 

@@ -221,6 +221,8 @@ def _classify_band(lower, upper, seqlen_q, seqlen_k, block_m, block_n, device) -
     if upper is not None:
         meets = meets & (least <= upper)
         holds = holds & (most <= upper)
+    if lower is not None and upper is not None and lower > upper:  # an empty band meets no interval
+        meets = torch.zeros_like(meets)
     return torch.where(holds, 2, torch.where(meets, 1, 0)).to(torch.uint8)
 
 

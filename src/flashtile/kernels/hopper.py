@@ -444,7 +444,7 @@ def causal_heads_per_group(causal: bool, rows: int, seqlen: int, head_dim: int, 
     per_row = 2 * seqlen * head_dim * element_size * streams_for
     groups = max(1, min(rows, int(CAUSAL_L2_BYTES * shared_by // per_row)))
     # Triton compiles an int argument apart when it is 1 or a multiple of 16: one fewer than a
-    # multiple of 16 keeps every causal grid on the binary of the other group sizes.
+    # multiple of 16 keeps causal grids to two binaries (groups of one head, and the rest).
     return groups - 1 if groups % 16 == 0 else groups
 
 
