@@ -123,9 +123,8 @@ def attention(
     score_mod, score_key = _register_score_mod(score_mod, backend, heads_q, q, k, v, bias)
     band = normalize_window(causal, window_size).clamped(seqlen_q, seqlen_k)
     if mask_key is None and score_key is None:
-        plain = softcap == 0 and alibi_slopes is None and bias is None and dropout_p == 0
-        band_block = _band_block_mask(band, plain, q, headdim, seqlen_q, seqlen_k, backend,
-                                      training=ops.needs_grad(q, k, v, bias))
+        band_block = _band_block_mask(band, q, k, v, headdim, seqlen_q, seqlen_k, backend, softcap=softcap,
+                                      alibi_slopes=alibi_slopes, bias=bias, dropout_p=dropout_p)
         if band_block is not None:  # the same band, as a block mask: no band left for the kernels
             mask_key, band = register(band_block), Band(None, None)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
@@ -145,20 +144,23 @@ _BAND_BLOCK_MASKS_MAX = 64
 _BAND_BLOCK_MASKS_IN_GRAPHS: dict = {}
 
 
-def _band_block_mask(band: Band, plain: bool, q: torch.Tensor, headdim: int, seqlen_q: int, seqlen_k: int,
-                     backend: str, training: bool) -> BlockMask | None:
+def _band_block_mask(band: Band, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, headdim: int, seqlen_q: int,
+                     seqlen_k: int, backend: str, *, softcap: float, alibi_slopes, bias, dropout_p: float
+                     ) -> BlockMask | None:
     """A sliding-window ``band`` as a block mask of the same (query, key) pairs, for the calls
     whose window runs faster on the block-sparse Gluon kernels (hopper.band_takes_block_sparse:
     sm_90, bf16/fp16, head dims 40, 64, 96 and 128; no softcap, ALiBi, bias, dropout or
     score_mod); None keeps the band for the kernels' own band path. Only where a backward will
-    follow (``training``: the backward gained the most, and a training run's lengths repeat) and
+    follow (the backward gained the most, and a training run's lengths repeat) and
     the queries are the keys (seqlen_q == seqlen_k): a call of a new length or offset builds a
     block mask (host work and a sync, ~ms), and a new window compiles its mask into the kernels,
     which inference over changing prompt or cache lengths would pay again and again. Built once
     per band and length and kept; not under torch.compile (a graph cannot hold the build), and
     during CUDA-graph capture only if built before (building reads back to the host)."""
-    if (not plain or not training or band.is_full or band == Band(None, 0) or backend != "triton"
-            or seqlen_q != seqlen_k):
+    # (the band's own questions first: most calls have no window, and stop here)
+    if band.is_full or band == Band(None, 0) or backend != "triton" or seqlen_q != seqlen_k:
+        return None
+    if softcap != 0 or alibi_slopes is not None or bias is not None or dropout_p != 0 or not ops.needs_grad(q, k, v):
         return None
     if torch.compiler.is_compiling():
         return None

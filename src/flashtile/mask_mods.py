@@ -189,13 +189,11 @@ def band_mask_mod(lower: int | None, upper: int | None) -> MaskMod:
     unbounded on that side): masks.py's band with its offset folded in, ``lower = offset -
     window_left`` and ``upper = offset + window_right``. One MaskMod per pair, so that calls
     with the same band share its block masks and compiled kernels."""
-    def bound(value: int) -> str:
-        return f"({value})"
     terms = []
     if lower is not None:
-        terms.append(f"(kv_idx - q_idx >= {bound(lower)})")
+        terms.append(f"(kv_idx - q_idx >= ({lower}))")
     if upper is not None:
-        terms.append(f"(kv_idx - q_idx <= {bound(upper)})")
+        terms.append(f"(kv_idx - q_idx <= ({upper}))")
     if not terms:
         raise ValueError("band_mask_mod: give at least one bound")
     name = "band_" + "_".join("x" if v is None else (f"m{-v}" if v < 0 else str(v)) for v in (lower, upper))
