@@ -35,6 +35,8 @@
 #                                        # probes/padded_head_dims.py; ~200 s
 #   bash benchmarks/gpu_final.sh listed     # the block-sparse Gluon kernels: their GPU tests, masks.py under auto
 #                                        # (Flex beside), then with every Gluon kernel off; ~350 s
+#   bash benchmarks/gpu_final.sh dq-stats   # the dQ kernels' own row stats (FLASHTILE_GLUON_DQ_STATS=1): the Gluon
+#                                        # backward's GPU tests with it on, then probes/backward_ab.py 0 vs 1; ~450 s
 #   bash benchmarks/gpu_final.sh gluon-all  # every Gluon GPU test (grids, auto dispatch, CUDA graph), then the
 #                                        # d128 1k and 16k bench cells beside cuDNN with the Gluon backward forced
 #                                        # on; ~420 s (the sanitizer's Gluon section runs in `checks`)
@@ -275,6 +277,16 @@ case ${1:-tests} in
     cat "$OUT/gpu.txt"; grep -E "passed|failed|error" "$OUT/tests-listed.log" | tail -12
     echo "== auto"; grep -v "Warn\|warn" "$OUT/masks-auto.log" | tail -20
     echo "== Gluon off"; grep -v "Warn\|warn" "$OUT/masks-triton.log" | tail -12; cat "$OUT/times.txt" ;;
+  dq-stats)
+    # The dQ kernels working out the backward's row stats (FLASHTILE_GLUON_DQ_STATS=1, off under
+    # auto until this has run): the Gluon backward's GPU tests, the block-sparse ones and the
+    # windows on block masks with it on, then probes/backward_ab.py (0 against 1 in one process:
+    # gradients compared, then kernel time from CUDA graphs and eager step time); ~450 s.
+    FLASHTILE_GLUON_DQ_STATS=1 gluon_tests tests-dq-stats.log "${TEST_LIMIT:-260}" 200 tests/test_gluon.py \
+      tests/test_gluon_listed.py tests/test_window_block_mask.py -m gpu
+    step timeout 180 python3 benchmarks/probes/backward_ab.py --rounds 3 > "$OUT/backward-ab.log" 2>&1
+    cat "$OUT/gpu.txt"; grep -E "passed|failed|error" "$OUT/tests-dq-stats.log" | tail -12
+    tail -16 "$OUT/backward-ab.log"; cat "$OUT/times.txt" ;;
   gluon-all)
     # ~220 tests; session 9 ran the forward's part in 175 s and the backward's in 41 s on 8 workers.
     gluon_tests tests-gluon-all.log "${TEST_LIMIT:-300}" 300 tests/test_gluon.py -m gpu

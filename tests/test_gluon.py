@@ -19,7 +19,6 @@ import triton
 
 import flashtile
 from flashtile.kernels import fast_launch, hopper
-from flashtile.kernels.launch import gluon_backward_stats
 from flashtile.masks import Band
 from flashtile.testing import assert_close_to_oracle
 from test_kernels import check_case
@@ -160,16 +159,19 @@ def test_a_gluon_error_is_raised_when_forced_or_not_a_build_error(monkeypatch):
 
 
 @pytest.mark.parametrize("with_dlse", [False, True], ids=["out", "out+lse"])
-def test_the_gluon_backward_stats_come_padded_from_one_preprocess(with_dlse):
-    # The Gluon backward reads LSE·log2(e) and D from (B·Hq, S_pad) rows; the preprocess writes
-    # them there, padding rows included (+inf and 0), on the CPU through the interpreter.
+def test_the_five_product_backward_stats_come_padded_from_one_preprocess(with_dlse):
+    # The Gluon backward reads LSE·log2(e) and D from (B·Hq, S_pad) rows; for the five-product
+    # kernel the preprocess writes them there, padding rows included (+inf and 0), on the CPU
+    # through the interpreter. (The seven-product dQ kernels write them themselves: the GPU grids
+    # below check those through the gradients, rows past the end and rows without keys included.)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     batch, heads, seqlen, head_dim = 2, 3, 130, 40  # S_pad = 256: two padding blocks per row
     out, dout = (torch.randn(batch, seqlen, heads, head_dim, device=device).transpose(1, 2) for _ in range(2))
     lse = torch.randn(batch, heads, seqlen, device=device)
     lse[0, 1, 5:9] = float("-inf")  # rows that saw no key
     dlse = torch.randn(batch, heads, seqlen, device=device) if with_dlse else None
-    lse2, delta = gluon_backward_stats(out, dout, lse, dlse)
+    lse2, delta = (torch.full((batch * heads, 256), float("nan"), device=device) for _ in range(2))
+    hopper._RowStats(out, dout, lse, dlse, lse2, delta).preprocess()
 
     assert lse2.shape == delta.shape == (batch * heads, 256)
     expected_lse2 = torch.full((batch * heads, 256), float("inf"), device=device)
@@ -219,29 +221,36 @@ class _RecordLaunch:
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+@pytest.mark.parametrize("dq_stats", ["1", "0"], ids=["dq-kernel-stats", "preprocess"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256, 40, 96, 192])
-def test_the_gluon_backward_hands_each_kernel_descriptors_of_its_own_tiles(monkeypatch, head_dim):
+def test_the_gluon_backward_hands_each_kernel_descriptors_of_its_own_tiles(monkeypatch, head_dim, dq_stats):
     # The host side of the Gluon backward, kernels stubbed: each kernel's descriptors must move
     # the tiles its constexprs say (a mismatch is a wrong answer or a hang on the GPU). d256
     # takes gluon_bwd_wide's dK/dV kernel, whose K/V tiles are whole BLOCK_N rows; head dims
     # between run the next kernel's width (40 -> 64, 96 -> 128, 192 -> 256) over zero columns.
     _, _, _, gluon_bwd, gluon_bwd_wide = hopper._gluon()
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "0")  # the seven-product kernels (the fused one: below)
+    monkeypatch.setenv("FLASHTILE_GLUON_DQ_STATS", dq_stats)
     launches = []
     for module, name in ((gluon_bwd, "_dkdv_kernel"), (gluon_bwd_wide, "_dkdv_wide_kernel"),
                          (gluon_bwd, "_dq_kernel")):
         monkeypatch.setattr(module, name, _RecordLaunch(launches, name))
+    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: launches.append(("preprocess", stats)))
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = 2, 6, 2, 300, 333
-    q, dout, dq = (torch.randn(batch, heads_q, seqlen_q, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    q, dout, dq, out = (torch.randn(batch, heads_q, seqlen_q, head_dim, dtype=torch.bfloat16) for _ in range(4))
     k, v, dk, dv = (torch.randn(batch, heads_kv, seqlen_k, head_dim, dtype=torch.bfloat16) for _ in range(4))
-    s_pad = 384
-    lse2, delta = (torch.zeros(batch * heads_q, s_pad) for _ in range(2))
-    hopper.backward(q, k, v, dout, lse2, delta, head_dim ** -0.5, True, dq, dk, dv)
+    lse, dlse = (torch.randn(batch, heads_q, seqlen_q) for _ in range(2))
+    hopper.backward(q, k, v, out, dout, lse, dlse, head_dim ** -0.5, True, dq, dk, dv)
 
     width = hopper.kernel_head_dim(head_dim)
+    # The rows' LSE·log2(e) and D, which the dK/dV kernel reads, come first: from the dQ kernel
+    # (FLASHTILE_GLUON_DQ_STATS=1) or from the preprocess, launched before it.
+    if dq_stats == "0":
+        name, stats = launches.pop(0)
+        assert name == "preprocess" and stats.out is out and stats.dlse is dlse
     assert [name for name, *_ in launches] == [
-        "_dkdv_wide_kernel" if width == 256 else "_dkdv_kernel", "_dq_kernel"]
-    (_, grid_kv, args_kv, const_kv), (_, grid_q, args_q, const_q) = launches
+        "_dq_kernel", "_dkdv_wide_kernel" if width == 256 else "_dkdv_kernel"]
+    (_, grid_q, args_q, const_q), (_, grid_kv, args_kv, const_kv) = launches
     assert const_kv["HEAD_DIM"] == const_q["HEAD_DIM"] == width
     m, n = const_kv["BLOCK_M"], const_kv["BLOCK_N"]
     kv_rows = n if width == 256 else n // 2  # whole tiles, or one half per warpgroup
@@ -250,7 +259,6 @@ def test_the_gluon_backward_hands_each_kernel_descriptors_of_its_own_tiles(monke
     assert q_desc.block_shape == do_desc.block_shape == [1, 1, m, width]
     for d in (k_desc, v_desc, dk_desc, dv_desc):
         assert d.block_shape == [1, 1, kv_rows, width] and d.shape[3] == head_dim
-    assert lse_desc.base is lse2 and delta_desc.base is delta
     assert lse_desc.block_shape == delta_desc.block_shape == [1, m]
     assert grid_kv == (triton.cdiv(seqlen_k, n) * batch * heads_kv,)
     dq_m, dq_n = const_q["BLOCK_M"], const_q["BLOCK_N"]
@@ -260,7 +268,20 @@ def test_the_gluon_backward_hands_each_kernel_descriptors_of_its_own_tiles(monke
         assert d.block_shape == [1, 1, dq_m // 2, width]
     assert k_tile.block_shape == v_tile.block_shape == [1, 1, dq_n, width]
     assert grid_q == (triton.cdiv(seqlen_q, dq_m) * batch * heads_q,)
-    assert s_pad % m == 0 and s_pad % dq_m == 0
+    # the stats rows: the dQ kernel's grid covers every padded row, which the dK/dV tiles read
+    lse2, delta, stride_lrow = args_q[5:8]
+    s_pad = 384
+    assert lse2.shape == delta.shape == (batch * heads_q, s_pad) and stride_lrow == s_pad
+    assert lse_desc.base is lse2 and delta_desc.base is delta
+    assert triton.cdiv(seqlen_q, dq_m) * dq_m == s_pad and s_pad % m == 0
+    assert const_q["ROW_STATS"] == const_q["HAS_DLSE"] == (dq_stats == "1")  # (without ROW_STATS dLSE is unread)
+    if dq_stats == "1":
+        assert args_q[8:12] == (out, dout, lse, dlse)
+        assert args_q[12:20] == (*out.stride()[:3], *dout.stride()[:3], *lse.stride()[:2])
+        assert args_q[20] == head_dim  # the columns the stats read: the tensor's, not the kernel's width
+    else:  # constexpr Nones: the kernel main had, with its parameters and binary
+        assert args_q[8:21] == (None,) * 13
+    assert args_q[21] == heads_q
 
 
 @pytest.mark.skipif(not HAS_TMA_REDUCE, reason="this Triton's Gluon has no TMA reductions (3.8+)")
@@ -275,13 +296,18 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     for name in ("_dkdv_dq_kernel", "_dq_convert"):
         monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name))
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = 2, 6, 2, 300, 333
-    q, dout, dq = (torch.randn(batch, heads_q, seqlen_q, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    q, dout, dq, out = (torch.randn(batch, heads_q, seqlen_q, head_dim, dtype=torch.bfloat16) for _ in range(4))
     k, v, dk, dv = (torch.randn(batch, heads_kv, seqlen_k, head_dim, dtype=torch.bfloat16) for _ in range(4))
+    lse = torch.randn(batch, heads_q, seqlen_q)
     s_pad = 384
-    lse2, delta = (torch.zeros(batch * heads_q, s_pad) for _ in range(2))
-    hopper.backward(q, k, v, dout, lse2, delta, head_dim ** -0.5, True, dq, dk, dv)
+    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: launches.append(("preprocess", stats)))
+    hopper.backward(q, k, v, out, dout, lse, None, head_dim ** -0.5, True, dq, dk, dv)
 
     width = hopper.kernel_head_dim(head_dim)
+    # the preprocess writes the stats rows first: this kernel has no dQ kernel to do it
+    (_, stats), *launches = launches
+    lse2, delta = stats.lse2, stats.delta
+    assert lse2.shape == delta.shape == (batch * heads_q, s_pad) and stats.out is out and stats.lse is lse
     assert [name for name, *_ in launches] == ["_dkdv_dq_kernel", "_dq_convert"]
     (_, grid, args, const), (_, grid_convert, args_convert, const_convert) = launches
     assert const["HEAD_DIM"] == const_convert["HEAD_DIM"] == width and const["CAUSAL"]
@@ -328,11 +354,12 @@ def test_a_fused_backward_that_fails_to_build_falls_back_under_auto_and_is_an_er
     monkeypatch.setattr(hopper, "_FUSED_FAILED", set())
     monkeypatch.setattr(hopper, "FUSED_UNDER_AUTO", True)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
-    q, dout, dq, k, v, dk, dv = (torch.randn(1, 2, 300, 128, dtype=torch.bfloat16) for _ in range(7))
-    lse2, delta = (torch.zeros(2, 384) for _ in range(2))
+    q, dout, dq, k, v, dk, dv, out = (torch.randn(1, 2, 300, 128, dtype=torch.bfloat16) for _ in range(8))
+    lse = torch.randn(1, 2, 300)
+    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: None)
 
     def run():
-        hopper.backward(q, k, v, dout, lse2, delta, 128 ** -0.5, False, dq, dk, dv)
+        hopper.backward(q, k, v, out, dout, lse, None, 128 ** -0.5, False, dq, dk, dv)
 
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
     with pytest.raises(hopper.FusedBackwardError, match="FLASHTILE_GLUON_BWD_FUSED=1: .*AttributeError") as caught:
@@ -342,7 +369,7 @@ def test_a_fused_backward_that_fails_to_build_falls_back_under_auto_and_is_an_er
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "auto")
     with pytest.warns(RuntimeWarning, match="five-product Gluon backward .* failed to build"):
         run()
-    assert [name for name, *_ in launches] == ["_dkdv_kernel", "_dq_kernel"]
+    assert [name for name, *_ in launches] == ["_dq_kernel", "_dkdv_kernel"]
     assert hopper._FUSED_FAILED == {(128, torch.bfloat16, False)}
     run()  # remembered: straight to the seven-product kernels, no second warning
     assert len(launches) == 4

@@ -124,13 +124,19 @@ def test_the_listed_backward_hands_each_kernel_its_lists_and_descriptors_of_its_
         monkeypatch.setattr(gluon_bwd, name, _RecordLaunch(launches, name))
     bm = flashtile.create_block_mask(every_other_head_causal, 2, 6, 300, 333, block_m=128, block_n=128)
     assert hopper.listed_backward_fits(bm, head_dim)
-    q, dout, dq = (torch.randn(2, 6, 300, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    q, dout, dq, out = (torch.randn(2, 6, 300, head_dim, dtype=torch.bfloat16) for _ in range(4))
     k, v, dk, dv = (torch.randn(2, 2, 333, head_dim, dtype=torch.bfloat16) for _ in range(4))
-    lse2, delta = (torch.zeros(2 * 6, 384) for _ in range(2))
-    hopper.backward(q, k, v, dout, lse2, delta, head_dim ** -0.5, False, dq, dk, dv, block_mask=bm)
-    (dkdv_name, dkdv_grid, dkdv_args, dkdv_constexprs), (dq_name, dq_grid, dq_args, dq_constexprs) = launches
+    lse = torch.randn(2, 6, 300)
+    monkeypatch.setenv("FLASHTILE_GLUON_DQ_STATS", "1")
+    hopper.backward(q, k, v, out, dout, lse, None, head_dim ** -0.5, False, dq, dk, dv, block_mask=bm)
+    # dQ first: it writes the rows' LSE·log2(e) and D, which the dK/dV kernel reads (without
+    # FLASHTILE_GLUON_DQ_STATS=1 the preprocess does: test_gluon.py's descriptor test)
+    (dq_name, dq_grid, dq_args, dq_constexprs), (dkdv_name, dkdv_grid, dkdv_args, dkdv_constexprs) = launches
     width = hopper.kernel_head_dim(head_dim)
     assert (dkdv_name, dq_name) == ("_dkdv_listed_kernel", "_dq_listed_kernel")
+    lse2, delta = dq_args[5:7]
+    assert lse2.shape == delta.shape == (2 * 6, 384) and [d.base for d in dkdv_args[6:8]] == [lse2, delta]
+    assert dq_args[8:12] == (out, dout, lse, lse) and dq_constexprs["ROW_STATS"] and not dq_constexprs["HAS_DLSE"]
     # dK/dV: 64-row Q tiles past 128 keys, half per consumer warpgroup; the transposed lists
     assert (dkdv_constexprs["BLOCK_M"], dkdv_constexprs["BLOCK_N"]) == bm.dkdv_blocks == (64, 128)
     assert [d.base for d in dkdv_args[:6]] == [q, dout, k, v, dk, dv]
@@ -143,9 +149,10 @@ def test_the_listed_backward_hands_each_kernel_its_lists_and_descriptors_of_its_
     assert (dq_constexprs["BLOCK_M"], dq_constexprs["BLOCK_N"]) == bm.backward_blocks == (128, 64)
     assert [d.base for d in dq_args[:5]] == [q, dout, k, v, dq]
     assert [d.block_shape for d in dq_args[:5]] == [[1, 1, 64, width]] * 5  # 64 rows (halves) and 64 keys
-    assert [t is u for t, u in zip(dq_args[8:12], (bm.dq_indices, bm.dq_partial, bm.dq_count, bm.dq_order))] == \
+    assert dq_args[20] == head_dim
+    assert [t is u for t, u in zip(dq_args[21:25], (bm.dq_indices, bm.dq_partial, bm.dq_count, bm.dq_order))] == \
         [True] * 4
-    assert tuple(dq_args[13:18]) == bm.lists("dq")[1] and dq_grid == (triton.cdiv(300, 128) * 2 * 6,)
+    assert tuple(dq_args[26:31]) == bm.lists("dq")[1] and dq_grid == (triton.cdiv(300, 128) * 2 * 6,)
     jitted = mask_mod(every_other_head_causal).triton_fn()
     for constexprs in (dkdv_constexprs, dq_constexprs):
         assert constexprs["HEAD_DIM"] == width and constexprs["MASK_MOD"] is jitted

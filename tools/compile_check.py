@@ -91,6 +91,11 @@ def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
                                                                                num_stages=num_stages))
 
 
+# The dQ kernels' row_stats arguments, which a launch without ROW_STATS passes as None
+# (hopper._RowStats.kernel_args): constexpr Nones, as at a launch.
+NO_ROW_STATS_PARAMS = ("Out", "DO", "LSE", "DLSE", "stride_ob", "stride_oh", "stride_om", "stride_dob", "stride_doh",
+                       "stride_dom", "stride_lb", "stride_lh", "head_dim")
+
 # The block-sparse Gluon kernels' int32 pointers: a block mask's lists and the mask's tensor.
 LIST_POINTERS = ("KvIdx", "KvPartial", "KvCount", "KvOrder", "QIdx", "QPartial", "QCount", "QOrder", "MaskBuf")
 
@@ -105,6 +110,8 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
 
     constexprs = dict(constexprs, num_warps=num_warps)
     dtype, q_rows, kv_rows = constexprs.pop("DTYPE"), constexprs.pop("Q_ROWS"), constexprs.pop("KV_ROWS")
+    if constexprs.get("ROW_STATS") is False:  # a dQ kernel reading the preprocess's rows: no row_stats arguments
+        constexprs.update(dict.fromkeys(NO_ROW_STATS_PARAMS))
     element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
 
     def descriptor(rows):
@@ -121,12 +128,13 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
     typed = {**{name: descriptor(q_rows) for name in ("q_desc", "o_desc", "do_desc", "dq_desc")},
              **{name: descriptor(kv_rows) for name in ("k_desc", "v_desc", "dk_desc", "dv_desc")},
              "dq_acc_desc": dq_sum.replace(" ", ""), "lse_desc": stats, "delta_desc": stats,
-             "LSE": "*fp32", "LSE2": "*fp32", "Delta": "*fp32",
+             "LSE": "*fp32", "LSE2": "*fp32", "Delta": "*fp32", "DLSE": "*fp32", "Out": f"*{dtype}", "DO": f"*{dtype}",
              **{name: "*i32" for name in LIST_POINTERS},
              "qk_scale": "fp32", "softmax_scale": "fp32"}
     signature = {p: "constexpr" if p in constexprs else typed.get(p, "i32") for p in params}
     # Pointers and the padded row stride (a multiple of 128) are 16-aligned at a launch.
-    divisible = [p for p in ("LSE", "LSE2", "Delta", "stride_lrow", *LIST_POINTERS) if p in params]
+    divisible = [p for p in ("LSE", "LSE2", "Delta", "DLSE", "Out", "DO", "stride_lrow", *LIST_POINTERS)
+                 if p in params]
     src = GluonASTSource(fn=kernel, signature=signature,
                          constexprs={(params.index(k),): v for k, v in constexprs.items()},
                          attrs={(params.index(p),): [["tt.divisibility", 16]] for p in divisible})
@@ -161,7 +169,8 @@ def gluon_variants(quick: bool):
                     KV_ROWS=n // 2, **regs), 4)
         yield (f"gluon dq d={d} {mode} {dtype} s{dq_stages}", gluon_bwd._dq_kernel,
                dict(HEAD_DIM=d, BLOCK_M=dq_m, BLOCK_N=dq_n, NUM_STAGES=dq_stages, CAUSAL=causal, DTYPE=dtype,
-                    Q_ROWS=dq_m // 2, KV_ROWS=dq_n, **regs), 4)
+                    ROW_STATS=quick or not causal or d == 64, HAS_DLSE=d == 64, Q_ROWS=dq_m // 2, KV_ROWS=dq_n,
+                    **regs), 4)
     for causal, dtype in [(True, "bf16")] if quick else [(True, "bf16"), (False, "fp16")]:
         (m, n, stages), (dq_m, dq_n, dq_stages) = hopper.BWD_DKDV[256], hopper.BWD_DQ[256]
         mode = "causal" if causal else "full"
@@ -170,7 +179,7 @@ def gluon_variants(quick: bool):
                     CAUSAL=causal, DTYPE=dtype, Q_ROWS=m, KV_ROWS=n, **regs), 4)
         yield (f"gluon dq d=256 {mode} {dtype} s{dq_stages}", gluon_bwd._dq_kernel,
                dict(HEAD_DIM=256, BLOCK_M=dq_m, BLOCK_N=dq_n, NUM_STAGES=dq_stages, CAUSAL=causal, DTYPE=dtype,
-                    Q_ROWS=dq_m // 2, KV_ROWS=dq_n, **regs), 4)
+                    ROW_STATS=True, HAS_DLSE=not causal, Q_ROWS=dq_m // 2, KV_ROWS=dq_n, **regs), 4)
     if not hopper._gluon_common().HAS_TMA_REDUCE:  # the five-product backward needs Triton 3.8+
         print(f"skip gluon fused backward: triton {triton.__version__}'s Gluon has no TMA reductions")
         return
@@ -216,7 +225,7 @@ def listed_variants(gluon_fwd, quick: bool, regs: dict):
         stages = hopper.LISTED_DQ_STAGES
         yield (f"gluon dq listed d={d} {name} {dtype} s{stages}", gluon_bwd._dq_listed_kernel,
                dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=keys, NUM_STAGES=stages, MASK_MOD=mask.triton_fn(), DTYPE=dtype,
-                    Q_ROWS=64, KV_ROWS=keys, **regs), 4)
+                    ROW_STATS=name != "causal", HAS_DLSE=name == "user", Q_ROWS=64, KV_ROWS=keys, **regs), 4)
 
 
 # The attention kernels' option flags with every option off (tile sizes and head dims apart).
@@ -333,11 +342,14 @@ def main(argv=None) -> int:
                         help="also print registers and stack (spill) bytes per variant")
     parser.add_argument("--smem", action="store_true",
                         help="check the config fit's shared-memory estimate against Triton's (see smem_cases)")
+    parser.add_argument("--only", metavar="TEXT", help="only the variants whose name contains TEXT")
     args = parser.parse_args(argv)
     if args.smem:
         return check_smem_estimates()
     failures = 0
     everything = [*variants(args.quick), *((*g, None) for g in gluon_variants(args.quick))]
+    if args.only:
+        everything = [variant for variant in everything if args.only in variant[0]]
     for name, kernel, constexprs, warps, stages in everything:
         start = time.perf_counter()
         try:

@@ -68,7 +68,7 @@ def wrap_layers() -> None:
     function.backward = staticmethod(_timed("Function.backward", function.backward))
     for name in ("attention_forward", "attention_backward"):
         setattr(ops, name, _timed(f"op {name}", getattr(ops, name)))
-    for name in ("attention_forward_triton", "attention_backward_triton", "gluon_backward_stats"):
+    for name in ("attention_forward_triton", "attention_backward_triton"):
         setattr(launch, name, _timed(f"launch.{name}", getattr(launch, name)))
     for name in ("forward", "backward", "eligible", "_descriptor"):
         setattr(hopper, name, _timed(f"hopper.{name}", getattr(hopper, name)))

@@ -89,6 +89,8 @@ def _args_key(args: tuple) -> tuple:
             append(key)
         elif kind is torch.Tensor:
             append((arg.dtype, arg.data_ptr() % 16 == 0))
+        elif arg is None:  # a constexpr None (an optional pointer left out)
+            append(None)
         else:
             token = getattr(arg, LAUNCH_KEY, None)  # a descriptor whose maker vouches for its fields
             base = getattr(arg, "base", None) if token is not None else None

@@ -10,10 +10,13 @@ qk_scale = softmax_scale * log2(e) and lse2 = LSE * log2(e) (+inf for rows that 
 for padding rows, so their P is exactly 0); causal is bottom-right aligned (query i sees key j
 iff j <= i + Sk - Sq); GQA: query head h reads kv head h // (Hq / Hkv).
 
-The host (kernels/hopper.py) writes lse2 and Delta to (B*Hq, S_pad) float32 buffers,
-S_pad a multiple of 128, padding rows lse2 = +inf, Delta = 0. Rows past a sequence's end
-then need no mask anywhere: TMA zero-fills Q/dO/K/V rows outside the (B, H, S, D) view, P
-there is exp2(-inf) = 0, and the TMA stores clip at the tensor's edge.
+lse2 and Delta live in (B*Hq, S_pad) float32 buffers, S_pad a multiple of 128, padding rows
+lse2 = +inf, Delta = 0. The dQ kernels run first; with ROW_STATS they write them (`row_stats`:
+each program's own 128 rows, from O, dO and the forward's LSE: the preprocess folded in, one
+launch fewer), without it they read what the preprocess (bwd.py) wrote. The dK/dV kernels,
+launched after, read them.
+Rows past a sequence's end then need no mask anywhere: TMA zero-fills Q/dO/K/V rows outside
+the (B, H, S, D) view, P there is exp2(-inf) = 0, and the TMA stores clip at the tensor's edge.
 
 dK/dV kernel (`_dkdv_kernel`), one CTA per (128-key tile, batch, kv head), num_warps=4 plus
 workers: partitions = consumer warpgroup 0 (default, keys [n0, n0+64)), consumer warpgroup 1
@@ -31,7 +34,8 @@ orientation (keys as rows):
 dK (times softmax_scale) and dV are staged in the dead K/V smem halves and TMA-stored.
 
 dQ kernel (`_dq_kernel`), one CTA per (128-row Q tile, batch, q head), same partitions: each
-consumer owns 64 query rows; the loader loads Q, dO halves once and streams K, V tiles of
+consumer owns 64 query rows, whose lse2 and Delta it first works out and stores (ROW_STATS) or
+loads; the loader loads Q, dO halves once and streams K, V tiles of
 BLOCK_N keys through a ring with separate K/V ready and empty barriers (as the forward):
     S = Q K^T, dP = dO V^T, P = exp2(S * qk_scale - lse2[:, None]), dS = P * (dP - Delta),
     dQ += dS K  (dS from registers, K from smem); dQ * softmax_scale staged in Q's smem.
@@ -48,6 +52,8 @@ from .gluon_common import (accumulator_layout, hide_scores, init_q_ring_barriers
                            kv_ring_barriers, kv_ring_buffers, listed_q_tile_of_program, load_q_side_tile,
                            q_ring_barriers, q_ring_buffers, q_tile_of_program, stream_kv_tiles, stream_q_tiles,
                            tma_load, tma_store)
+
+LOG2E = gl.constexpr(1.4426950408889634)
 
 
 
@@ -375,6 +381,41 @@ def _dkdv_listed_kernel(
 
 
 @gluon.jit
+def row_stats(Out_rows, DO_rows, LSE_row, DLSE_row, LSE2_row, Delta_row, first_row, seqlen_q, head_dim,
+              stride_om, stride_dom, row_layout: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr,
+              HAS_DLSE: gl.constexpr):
+    """lse2 = LSE·log2(e) and Delta = rowsum(dO ∘ O) − dLSE of query rows [first_row, +ROWS) of
+    one (batch, head), stored to the padded stats rows for the dK/dV kernel and returned in
+    ``row_layout``. Out_rows/DO_rows: that head's (Sq, head_dim) rows of O and dO (row strides
+    stride_om, stride_dom, unit column stride); LSE_row, DLSE_row: its Sq rows of the forward's
+    LSE and of the LSE's gradient (HAS_DLSE). Rows past seqlen_q and rows that saw no key (LSE
+    = −inf) get lse2 = +inf, so their P is exactly 0, and rows past the end Delta = 0.
+
+    The columns go 64 at a time, so the float32 products never hold more than 32 registers per
+    thread beside the dQ accumulator (128 at d256)."""
+    CHUNK: gl.constexpr = 64 if HEAD_DIM >= 64 else HEAD_DIM
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 rows x 64 columns a pass
+    rows = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    inside = rows < seqlen_q
+    o_rows = Out_rows + rows.to(gl.int64)[:, None] * stride_om
+    do_rows = DO_rows + rows.to(gl.int64)[:, None] * stride_dom
+    delta = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, layout))
+    for c in gl.static_range(HEAD_DIM // CHUNK):
+        cols = c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, layout))
+        mask = inside[:, None] & (cols[None, :] < head_dim)  # a head dim below the kernel's width
+        o = gl.load(o_rows + cols[None, :], mask=mask, other=0.0).to(gl.float32)
+        do = gl.load(do_rows + cols[None, :], mask=mask, other=0.0).to(gl.float32)
+        delta += gl.sum(o * do, axis=1)
+    if HAS_DLSE:  # dLSE_i/dS_ij = P_ij: a gradient into the LSE only shifts Delta
+        delta -= gl.load(DLSE_row + rows, mask=inside, other=0.0)
+    lse = gl.load(LSE_row + rows, mask=inside, other=float("-inf"))
+    lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    gl.store(LSE2_row + rows, lse2)  # (every padded row: S_pad is a multiple of the dQ tiles)
+    gl.store(Delta_row + rows, delta)
+    return gl.convert_layout(lse2, row_layout), gl.convert_layout(delta, row_layout)
+
+
+@gluon.jit
 def _dq_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
                q_ready, k_ready, v_ready, k_empty, v_empty,
                batch, head, head_kv, q_start, n_tiles, tiles,
@@ -391,11 +432,14 @@ def _dq_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
 
 @gluon.jit
 def _dq_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
-                 dq_desc, LSE2_row, Delta_row, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
+                 dq_desc, stats, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
                  softmax_scale, tiles, n_masked, mask_buffer, HEAD_DIM: gl.constexpr, HALF_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr):
+                 BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr,
+                 ROW_STATS: gl.constexpr, HAS_DLSE: gl.constexpr):
     """One warpgroup: query rows [q_start + half*HALF_M, +HALF_M), every K/V tile (under
-    MASK_MOD a block mask's list: see gluon_common.hide_scores)."""
+    MASK_MOD a block mask's list: see gluon_common.hide_scores). ``stats``: row_stats'
+    pointers and sizes, (Out_rows, DO_rows, LSE_row, DLSE_row, LSE2_row, Delta_row, head_dim,
+    stride_om, stride_dom), or without ROW_STATS (LSE2_row, Delta_row), the preprocess's rows."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)  # S, dP: HALF_M x BLOCK_N
     q_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dQ: HALF_M x HEAD_DIM
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=q_layout, k_width=2)
@@ -405,9 +449,14 @@ def _dq_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ready, k
     first_row = q_start + half * HALF_M
     rows = first_row + gl.arange(0, HALF_M, layout=row_layout)
     shift = seqlen_k - seqlen_q
-    # padded buffers (S_pad, a multiple of 128): no mask; padding rows have lse2 = +inf
-    lse2 = gl.load(LSE2_row + rows)
-    delta = gl.load(Delta_row + rows)
+    if ROW_STATS:
+        Out_rows, DO_rows, LSE_row, DLSE_row, LSE2_row, Delta_row, head_dim, stride_om, stride_dom = stats
+        lse2, delta = row_stats(Out_rows, DO_rows, LSE_row, DLSE_row, LSE2_row, Delta_row, first_row, seqlen_q,
+                                head_dim, stride_om, stride_dom, row_layout, HALF_M, HEAD_DIM, HAS_DLSE)
+    else:  # the preprocess's padded rows (S_pad, a multiple of 128): no mask; padding rows have lse2 = +inf
+        LSE2_row, Delta_row = stats
+        lse2 = gl.load(LSE2_row + rows)
+        delta = gl.load(Delta_row + rows)
     q_tile = q_smem.index(half).reshape([HALF_M, HEAD_DIM])
     do_tile = do_smem.index(half).reshape([HALF_M, HEAD_DIM])
     dq = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=q_layout)
@@ -452,6 +501,27 @@ def _dq_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, q_ready, k
 
 
 @gluon.jit
+def _row_stats_pointers(Out, DO, LSE, DLSE, LSE2, Delta, batch, head, bh, stride_lrow, stride_ob, stride_oh,
+                        stride_om, stride_dob, stride_doh, stride_dom, stride_lb, stride_lh, head_dim,
+                        ROW_STATS: gl.constexpr):
+    """The dQ consumers' ``stats`` for one (batch, head), ``bh`` = batch · Hq + head: with
+    ROW_STATS row_stats' pointers to its rows and the sizes, (Out_rows, DO_rows, LSE_row,
+    DLSE_row, LSE2_row, Delta_row, head_dim, stride_om, stride_dom); without it (Out to head_dim
+    are then None) only (LSE2_row, Delta_row)."""
+    padded_offset = bh.to(gl.int64) * stride_lrow
+    if ROW_STATS:
+        batch64 = batch.to(gl.int64)
+        head64 = head.to(gl.int64)
+        lse_offset = batch64 * stride_lb + head64 * stride_lh
+        stats = (Out + batch64 * stride_ob + head64 * stride_oh, DO + batch64 * stride_dob + head64 * stride_doh,
+                 LSE + lse_offset, DLSE + lse_offset, LSE2 + padded_offset, Delta + padded_offset, head_dim,
+                 stride_om, stride_dom)
+    else:
+        stats = (LSE2 + padded_offset, Delta + padded_offset)
+    return stats
+
+
+@gluon.jit
 def _dq_buffers(q_desc, do_desc, k_desc, v_desc, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr,
                 BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
     """The dQ kernels' Q and dO halves, K/V ring and mbarriers, allocated and initialised:
@@ -468,35 +538,42 @@ def _dq_buffers(q_desc, do_desc, k_desc, v_desc, HALF_M: gl.constexpr, HEAD_DIM:
 @gluon.jit
 def _dq_kernel(
     q_desc, do_desc, k_desc, v_desc, dq_desc, LSE2, Delta, stride_lrow,
-    heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale, softmax_scale,
+    Out, DO, LSE, DLSE, stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom, stride_lb, stride_lh,
+    head_dim, heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale, softmax_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    CAUSAL: gl.constexpr, ROW_STATS: gl.constexpr, HAS_DLSE: gl.constexpr, LOADER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """dQ (B, Hq, Sq, D) of one BLOCK_M-row Q tile of one head.
+    """dQ (B, Hq, Sq, D) of one BLOCK_M-row Q tile of one head, and that tile's lse2 and Delta.
 
     Grid: num_m_blocks * B * Hq, Q tiles fastest (under CAUSAL in groups of heads_per_group heads,
     heads fastest within a group: q_tile_of_program); num_warps=4. Descriptors: q/do/dq over
     (B, Hq, Sq, D) with (1, 1, BLOCK_M / 2, D) blocks, k/v over (B, Hkv, Sk, D) with
-    (1, 1, BLOCK_N, D). LSE2, Delta: (B*Hq, S_pad) float32, row stride stride_lrow.
+    (1, 1, BLOCK_N, D). LSE2, Delta: (B*Hq, S_pad) float32, row stride stride_lrow, written
+    here from Out, DO: (B, Hq, Sq, head_dim) with unit column stride, and LSE, DLSE: the
+    forward's (B, Hq, Sq) LSE and its gradient (HAS_DLSE), unit row stride (ROW_STATS: see
+    row_stats), or read as the preprocess wrote them (without it: Out to head_dim are then None).
     """
     gl.static_assert(num_warps == 4)
     HALF_M: gl.constexpr = BLOCK_M // 2
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, heads_per_group, heads_q,
                                                               group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
-    bh = batch * heads_q + head
     n_tiles = gl.cdiv(kv_end, BLOCK_N)  # may be 0 (causal, Sq > Sk): dQ = 0 is written
-    LSE2_row = LSE2 + bh.to(gl.int64) * stride_lrow
-    Delta_row = Delta + bh.to(gl.int64) * stride_lrow
+    stats = _row_stats_pointers(Out, DO, LSE, DLSE, LSE2, Delta, batch, head, batch * heads_q + head, stride_lrow,
+                                stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom, stride_lb,
+                                stride_lh, head_dim, ROW_STATS)
     q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty = _dq_buffers(
         q_desc, do_desc, k_desc, v_desc, HALF_M, HEAD_DIM, BLOCK_N, NUM_STAGES)
 
     gl.warp_specialize([
         (_dq_consumer, (0, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, dq_desc,
-                        LSE2_row, Delta_row, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
-                        softmax_scale, None, 0, None, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, CAUSAL, None)),
+                        stats, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
+                        softmax_scale, None, 0, None, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, CAUSAL, None, ROW_STATS,
+                        HAS_DLSE)),
         (_dq_consumer, (1, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, dq_desc,
-                        LSE2_row, Delta_row, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
-                        softmax_scale, None, 0, None, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, CAUSAL, None)),
+                        stats, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
+                        softmax_scale, None, 0, None, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, CAUSAL, None, ROW_STATS,
+                        HAS_DLSE)),
         (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
                       k_empty, v_empty, batch, head, head_kv, q_start, n_tiles, None, HALF_M, BLOCK_N, NUM_STAGES)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -505,35 +582,37 @@ def _dq_kernel(
 @gluon.jit
 def _dq_listed_kernel(
     q_desc, do_desc, k_desc, v_desc, dq_desc, LSE2, Delta, stride_lrow,
-    KvIdx, KvPartial, KvCount, KvOrder, MaskBuf, stride_ib, stride_ih, stride_im, stride_cb, stride_ch,
+    Out, DO, LSE, DLSE, stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom, stride_lb, stride_lh,
+    head_dim, KvIdx, KvPartial, KvCount, KvOrder, MaskBuf, stride_ib, stride_ih, stride_im, stride_cb, stride_ch,
     heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, qk_scale, softmax_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-    MASK_MOD: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    MASK_MOD: gl.constexpr, ROW_STATS: gl.constexpr, HAS_DLSE: gl.constexpr, LOADER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     """_dq_kernel over a block mask's dQ lists (BlockMask.lists("dq"): BLOCK_M-row Q tiles,
     BLOCK_N-key tiles, laid out as gluon_fwd._fwd_listed_kernel's), the partial tiles masked by
-    MASK_MOD. A Q tile with an empty list writes dQ = 0."""
+    MASK_MOD. A Q tile with an empty list writes dQ = 0 (and under ROW_STATS its rows' lse2 and Delta)."""
     gl.static_assert(num_warps == 4)
     HALF_M: gl.constexpr = BLOCK_M // 2
     batch, head, block_m, n_masked, n_tiles, tiles = listed_q_tile_of_program(
         gl.program_id(0), num_m_blocks, heads_q, KvIdx, KvPartial, KvCount, KvOrder, stride_ib, stride_ih, stride_im,
         stride_cb, stride_ch)
-    bh = gl.program_id(0) // num_m_blocks  # batch * heads_q + head
     q_start = block_m * BLOCK_M
-    LSE2_row = LSE2 + bh.to(gl.int64) * stride_lrow
-    Delta_row = Delta + bh.to(gl.int64) * stride_lrow
+    stats = _row_stats_pointers(Out, DO, LSE, DLSE, LSE2, Delta, batch, head, gl.program_id(0) // num_m_blocks,
+                                stride_lrow, stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom,
+                                stride_lb, stride_lh, head_dim, ROW_STATS)
     q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty = _dq_buffers(
         q_desc, do_desc, k_desc, v_desc, HALF_M, HEAD_DIM, BLOCK_N, NUM_STAGES)
 
     gl.warp_specialize([
         (_dq_consumer, (0, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, dq_desc,
-                        LSE2_row, Delta_row, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
+                        stats, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
                         softmax_scale, tiles, n_masked, MaskBuf, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, False,
-                        MASK_MOD)),
+                        MASK_MOD, ROW_STATS, HAS_DLSE)),
         (_dq_consumer, (1, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, dq_desc,
-                        LSE2_row, Delta_row, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
+                        stats, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale,
                         softmax_scale, tiles, n_masked, MaskBuf, HEAD_DIM, HALF_M, BLOCK_N, NUM_STAGES, False,
-                        MASK_MOD)),
+                        MASK_MOD, ROW_STATS, HAS_DLSE)),
         (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_ready, k_ready, v_ready,
                       k_empty, v_empty, batch, head, head // group_size, q_start, n_tiles, tiles, HALF_M, BLOCK_N,
                       NUM_STAGES)),

@@ -45,7 +45,7 @@ except ImportError:  # an older Triton: no Gluon kernels run there anyway (_gluo
 
 from ..backends import compute_capability, cuda_index, interpreting
 from ..masks import Band
-from . import fast_launch, tma
+from . import bwd, fast_launch, tma
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
@@ -527,6 +527,14 @@ BWD_DKDV = {128: (64, 128, 2), 64: (128, 128, 2), 256: (64, 64, 2)}
 BWD_DQ = {128: (128, 128, 2), 64: (128, 64, 3), 256: (128, 32, 2)}
 WIDE_P_BUFFERS = 2
 STATS_ROWS = 128  # LSE and D rows padded to a multiple of both kernels' BLOCK_M (dQ 128, dK/dV 64 or 128)
+# Whether the seven-product dQ kernels work out those rows themselves (gluon_bwd.row_stats, before
+# their first tile) instead of reading what a preprocess launch wrote: one launch fewer per
+# backward, about 0.1 ms of the H200 machine's host time on a host-bound step (session 15's
+# profile: the preprocess's launch 80-100 µs of a 16-document step's 1.0-1.3 ms). Written and
+# compiled for sm_90 on the CPU in session 17, whose device time had run out before it could run:
+# off under auto until the H200 has run its GPU tests and timed it (probes/backward_ab.py).
+DQ_STATS_SWITCH = "FLASHTILE_GLUON_DQ_STATS"
+DQ_STATS_UNDER_AUTO = False
 
 # The five-product backward (gluon_bwd_fused.py), (BLOCK_M, BLOCK_N, stages): d128 the tiles of
 # the probe it came from (attempt 30; docs/performance.md); d64 128-row Q tiles, half the dQ
@@ -587,17 +595,25 @@ def _takes_fused(q: torch.Tensor, head_dim: int, seqlen_k: int, causal: bool, s_
     return True
 
 
-def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq, dk, dv,
+def backward(q, k, v, out, dout, lse, dlse, softmax_scale: float, causal: bool, dq, dk, dv,
              deterministic: bool = False, block_mask=None) -> None:
-    """Write dq (B, Hq, Sq, D) and dk, dv (B, Hkv, Sk, D). ``lse2`` and ``delta`` (B·Hq, S_pad),
-    float32, S_pad a multiple of STATS_ROWS: LSE·log2(e) and rowsum(dO ∘ O) less any LSE
-    gradient, padding rows (and rows that saw no key) +inf and 0, so their P is exactly 0 and
-    no tile needs a row mask (launch.py's gluon_backward_stats writes them). D of any size up to
-    256 runs the kernels of kernel_head_dim(D). ``deterministic``: the same bits on every call
-    (the seven-product kernels; the five-product one adds dQ in no fixed order). With
+    """Write dq (B, Hq, Sq, D) and dk, dv (B, Hkv, Sk, D). ``out``, ``dout``: (B, Hq, Sq, D), the
+    forward's output and its gradient; ``lse``, ``dlse``: (B, Hq, Sq) float32 contiguous, the
+    forward's natural-log LSE and its gradient (None: none). The kernels read LSE·log2(e) and
+    Delta = rowsum(dO ∘ O) − dLSE from (B·Hq, S_pad) float32 rows, S_pad a multiple of
+    STATS_ROWS, padding rows (and rows that saw no key) +inf and 0, so their P is exactly 0 and
+    no tile needs a row mask: a preprocess launch writes them, or the seven-product dQ kernels,
+    which run first, do (FLASHTILE_GLUON_DQ_STATS: _RowStats.for_dq_kernel). D of any size up to 256 runs the
+    kernels of kernel_head_dim(D). ``deterministic``: the same bits on every call (the
+    seven-product kernels; the five-product one adds dQ in no fixed order). With
     ``block_mask`` (listed_backward_fits; not causal) the block-sparse kernels visit its listed
     tiles only, every output with one writer."""
     head_dim = kernel_head_dim(q.shape[3])  # the kernels' width: D, or D's columns and zeros
+    batch, heads_q, seqlen_q, _ = q.shape
+    s_pad = triton.cdiv(seqlen_q, STATS_ROWS) * STATS_ROWS
+    lse2 = torch.empty(batch * heads_q, s_pad, dtype=torch.float32, device=q.device)
+    delta = torch.empty_like(lse2)
+    stats = _RowStats(out, dout, lse, dlse, lse2, delta)
     built = {}
 
     def tile(t, rows):
@@ -609,14 +625,61 @@ def backward(q, k, v, dout, lse2, delta, softmax_scale: float, causal: bool, dq,
         return built[key]
 
     if block_mask is not None:
-        return _listed_backward(q, k, v, dout, lse2, delta, softmax_scale, dq, dk, dv, head_dim, tile, block_mask)
-    if _takes_fused(q, head_dim, k.shape[2], causal, lse2.shape[1], deterministic):
+        return _listed_backward(q, k, v, dout, stats, softmax_scale, dq, dk, dv, head_dim, tile, block_mask)
+    if _takes_fused(q, head_dim, k.shape[2], causal, s_pad, deterministic):
         try:
-            return _fused_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile)
+            return _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, head_dim, tile)
         except Exception as error:  # a kernel that cannot be built here: the seven-product one instead
             if not _fused_falls_back(error, head_dim, q.dtype, causal):
                 raise
-    _seven_product_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile)
+    _seven_product_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, head_dim, tile)
+
+
+class _RowStats:
+    """The backward's per-row statistics: where the dQ kernels compute them from (the forward's
+    output and LSE, their gradients) and the padded (B·Hq, S_pad) rows they go to, lse2 and delta."""
+
+    __slots__ = ("out", "dout", "lse", "dlse", "lse2", "delta")
+
+    def __init__(self, out, dout, lse, dlse, lse2, delta):
+        self.out, self.dout, self.lse, self.dlse, self.lse2, self.delta = out, dout, lse, dlse, lse2, delta
+
+    def for_dq_kernel(self) -> tuple[tuple, dict]:
+        """The dQ kernels' arguments from LSE2 to head_dim and their ROW_STATS and HAS_DLSE. With
+        FLASHTILE_GLUON_DQ_STATS on (auto: DQ_STATS_UNDER_AUTO) the kernel works the rows out
+        (gluon_bwd.row_stats reads Out to head_dim); otherwise the preprocess writes them now,
+        and Out to head_dim are Nones: each a constexpr None to Triton, so that kernel has the
+        parameters and the binary it had before there was a choice, and its launch keys no more
+        arguments."""
+        choice = setting(name=DQ_STATS_SWITCH)
+        lse2 = self.lse2
+        if not (choice == "1" or (choice == "auto" and DQ_STATS_UNDER_AUTO)):
+            self.preprocess()
+            return (lse2, self.delta, lse2.stride(0), *_NO_ROW_STATS), _PREPROCESSED
+        out, dout, lse, dlse = self.out, self.dout, self.lse, self.dlse
+        args = (lse2, self.delta, lse2.stride(0), out, dout, lse, dlse if dlse is not None else lse,
+                *out.stride()[:3], *dout.stride()[:3], lse.stride(0), lse.stride(1), out.shape[3])
+        return args, dict(ROW_STATS=True, HAS_DLSE=dlse is not None)
+
+    def preprocess(self) -> None:
+        """Fill lse2 and delta with one launch of bwd._bwd_preprocess, for kernels that read them
+        as they are."""
+        out, lse = self.out, self.lse
+        batch, heads_q, seqlen_q, _ = out.shape
+        s_pad = self.lse2.shape[1]
+        num_m_pre = s_pad // PREPROCESS_ROWS
+        fast_launch.launch(
+            bwd._bwd_preprocess, (num_m_pre * batch * heads_q,),
+            out, self.dout, self.dlse if self.dlse is not None else lse, self.delta, lse, lse, self.lse2,
+            *out.stride(), *self.dout.stride(), lse.stride(0), lse.stride(1), s_pad, heads_q, seqlen_q, num_m_pre,
+            HEAD_DIM=out.shape[3], HEAD_DIM_PADDED=max(16, triton.next_power_of_2(out.shape[3])),
+            BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=self.dlse is not None, IS_VARLEN=False, PADDED=True,
+        )
+
+
+PREPROCESS_ROWS = 64  # rows of lse2 and Delta per preprocess program (a divisor of STATS_ROWS)
+_NO_ROW_STATS = (None,) * 13
+_PREPROCESSED = dict(ROW_STATS=False, HAS_DLSE=False)  # (dLSE is the preprocess's to subtract)
 
 
 def _stats(buffer, rows):
@@ -624,11 +687,13 @@ def _stats(buffer, rows):
     return _descriptor(buffer, (1, rows), _stats_layout())
 
 
-def _fused_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile) -> None:
-    """gluon_bwd_fused.py's kernel (dK, dV and a float32 dQ sum), then its conversion into dq."""
+def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, head_dim, tile) -> None:
+    """The preprocess, gluon_bwd_fused.py's kernel (dK, dV and a float32 dQ sum), then its
+    conversion into dq."""
     gluon_bwd_fused = _fused_module()
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    lse2, delta = stats.lse2, stats.delta
     s_pad = lse2.shape[1]
     block_m, block_n, stages = BWD_FUSED[head_dim]
     dq_acc = torch.zeros(batch * heads_q * s_pad, head_dim, dtype=torch.float32, device=q.device)
@@ -638,6 +703,7 @@ def _fused_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, d
     group = heads_q // heads_kv
     heads_per_group = causal_heads_per_group(causal, batch * heads_kv, seqlen_q, head_dim, q.element_size(),
                                              streams_for=group)
+    stats.preprocess()
     fast_launch.launch(
         gluon_bwd_fused._dkdv_dq_kernel, (num_n_blocks * batch * heads_kv,),
         tile(q, block_m), tile(dout, block_m), tile(k, block_n // 2), tile(v, block_n // 2), tile(dk, block_n // 2),
@@ -695,45 +761,61 @@ def _fused_falls_back(error: BaseException, head_dim: int, dtype: torch.dtype, c
     return True
 
 
-def _listed_backward(q, k, v, dout, lse2, delta, softmax_scale, dq, dk, dv, head_dim, tile, block_mask) -> None:
-    """gluon_bwd's dK/dV and dQ kernels over ``block_mask``'s backward lists (see backward)."""
+def _listed_backward(q, k, v, dout, stats, softmax_scale, dq, dk, dv, head_dim, tile, block_mask) -> None:
+    """gluon_bwd's dQ kernel (which may write the rows' stats: _RowStats.for_dq_kernel) and dK/dV
+    kernel over ``block_mask``'s backward lists (see backward)."""
     gluon_bwd = _gluon()[3]
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     qk_scale = softmax_scale * LOG2E
     mask = block_mask.mask
     buffer = block_mask.mask_buffer
+    rows, keys = block_mask.backward_blocks
+    (indices, partial, count, order, _), strides, _ = block_mask.lists("dq")
+    num_m_blocks = triton.cdiv(seqlen_q, rows)
+    stats_args, stats_constexprs = stats.for_dq_kernel()
+    fast_launch.launch(
+        gluon_bwd._dq_listed_kernel, (num_m_blocks * batch * heads_q,),
+        tile(q, rows // 2), tile(dout, rows // 2), tile(k, keys), tile(v, keys), tile(dq, rows // 2), *stats_args,
+        indices, partial, count, order, buffer, *strides, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k,
+        num_m_blocks, qk_scale, softmax_scale,
+        HEAD_DIM=head_dim, BLOCK_M=rows, BLOCK_N=keys, NUM_STAGES=LISTED_DQ_STAGES, MASK_MOD=mask.triton_fn(),
+        **stats_constexprs, LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
+    )
     rows, keys = block_mask.dkdv_blocks
     (indices, partial, count, order, _), strides, _ = block_mask.lists("dkdv")
     num_n_blocks = triton.cdiv(seqlen_k, keys)
     fast_launch.launch(
         gluon_bwd._dkdv_listed_kernel, (num_n_blocks * batch * heads_kv,),
         tile(q, rows), tile(dout, rows), tile(k, keys // 2), tile(v, keys // 2), tile(dk, keys // 2),
-        tile(dv, keys // 2), _stats(lse2, rows), _stats(delta, rows), indices, partial, count, order, buffer, *strides,
+        tile(dv, keys // 2), _stats(stats.lse2, rows), _stats(stats.delta, rows), indices, partial, count, order,
+        buffer, *strides,
         heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, qk_scale, softmax_scale,
         HEAD_DIM=head_dim, BLOCK_M=rows, BLOCK_N=keys, NUM_STAGES=LISTED_DKDV_STAGES, MASK_MOD=mask.triton_fn(),
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
     )
-    rows, keys = block_mask.backward_blocks
-    (indices, partial, count, order, _), strides, _ = block_mask.lists("dq")
-    num_m_blocks = triton.cdiv(seqlen_q, rows)
-    fast_launch.launch(
-        gluon_bwd._dq_listed_kernel, (num_m_blocks * batch * heads_q,),
-        tile(q, rows // 2), tile(dout, rows // 2), tile(k, keys), tile(v, keys), tile(dq, rows // 2),
-        lse2, delta, lse2.stride(0), indices, partial, count, order, buffer, *strides,
-        heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, num_m_blocks, qk_scale, softmax_scale,
-        HEAD_DIM=head_dim, BLOCK_M=rows, BLOCK_N=keys, NUM_STAGES=LISTED_DQ_STAGES, MASK_MOD=mask.triton_fn(),
-        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
-    )
 
 
-def _seven_product_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, head_dim, tile) -> None:
-    """gluon_bwd.py's dK/dV kernel (gluon_bwd_wide.py's at d256), then its dQ kernel."""
+def _seven_product_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, head_dim, tile) -> None:
+    """gluon_bwd.py's dQ kernel (which may write the rows' stats: _RowStats.for_dq_kernel), then its
+    dK/dV kernel (gluon_bwd_wide.py's at d256)."""
     gluon_bwd, gluon_bwd_wide = _gluon()[3:]
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     qk_scale = softmax_scale * LOG2E
     group = heads_q // heads_kv
+    block_m, block_n, stages = BWD_DQ[head_dim]
+    num_m_blocks = triton.cdiv(seqlen_q, block_m)
+    stats_args, stats_constexprs = stats.for_dq_kernel()
+    fast_launch.launch(
+        gluon_bwd._dq_kernel, (num_m_blocks * batch * heads_q,),
+        tile(q, block_m // 2), tile(dout, block_m // 2), tile(k, block_n), tile(v, block_n), tile(dq, block_m // 2),
+        *stats_args, heads_q, group, seqlen_q, seqlen_k, num_m_blocks,
+        causal_heads_per_group(causal, batch * heads_q, seqlen_k, head_dim, q.element_size(), shared_by=group),
+        qk_scale, softmax_scale,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal, **stats_constexprs,
+        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
+    )
     block_m, block_n, stages = BWD_DKDV[head_dim]
     num_n_blocks = triton.cdiv(seqlen_k, block_n)
     if head_dim > 128:  # a CTA's keys shared by both warpgroups, one gradient each
@@ -743,22 +825,10 @@ def _seven_product_backward(q, k, v, dout, lse2, delta, softmax_scale, causal, d
     fast_launch.launch(
         dkdv_kernel, (num_n_blocks * batch * heads_kv,),
         tile(q, block_m), tile(dout, block_m), tile(k, kv_rows), tile(v, kv_rows), tile(dk, kv_rows),
-        tile(dv, kv_rows),
-        _stats(lse2, block_m), _stats(delta, block_m), heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks,
+        tile(dv, kv_rows), _stats(stats.lse2, block_m), _stats(stats.delta, block_m),
+        heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks,
         causal_heads_per_group(causal, batch * heads_kv, seqlen_q, head_dim, q.element_size(), streams_for=group),
         qk_scale, softmax_scale,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, **wide,
-    )
-    block_m, block_n, stages = BWD_DQ[head_dim]
-    num_m_blocks = triton.cdiv(seqlen_q, block_m)
-    fast_launch.launch(
-        gluon_bwd._dq_kernel, (num_m_blocks * batch * heads_q,),
-        tile(q, block_m // 2), tile(dout, block_m // 2), tile(k, block_n), tile(v, block_n), tile(dq, block_m // 2),
-        lse2, delta, lse2.stride(0),
-        heads_q, group, seqlen_q, seqlen_k, num_m_blocks,
-        causal_heads_per_group(causal, batch * heads_q, seqlen_k, head_dim, q.element_size(), shared_by=group),
-        qk_scale, softmax_scale,
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
-        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
     )

@@ -250,32 +250,10 @@ def _mask_of(block_mask):
 PREPROCESS_ROWS = 64  # rows of D per preprocess program
 
 
-def gluon_backward_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
-                         dlse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """LSE·log2(e) and D = rowsum(dO ∘ O) − dLSE in the Gluon backward's layout: (B·Hq, S_pad)
-    float32, S_pad a multiple of ``hopper.STATS_ROWS``, padding rows +inf and 0. out/dout
-    (B, Hq, Sq, D) views, lse/dlse (B, Hq, Sq) contiguous. One preprocess launch."""
-    batch, heads_q, seqlen_q, head_dim = out.shape
-    s_pad = triton.cdiv(seqlen_q, hopper.STATS_ROWS) * hopper.STATS_ROWS
-    lse2 = torch.empty(batch * heads_q, s_pad, dtype=torch.float32, device=out.device)
-    delta = torch.empty_like(lse2)
-    num_m_pre = s_pad // PREPROCESS_ROWS
-    fast_launch.launch(
-        _bwd_preprocess, (num_m_pre * batch * heads_q,),
-        out, dout, dlse if dlse is not None else lse, delta, lse, lse, lse2,
-        *out.stride(), *dout.stride(), lse.stride(0), lse.stride(1), s_pad,
-        heads_q, seqlen_q, num_m_pre,
-        HEAD_DIM=head_dim, HEAD_DIM_PADDED=_padded_head_dim(head_dim), BLOCK_M=PREPROCESS_ROWS,
-        HAS_DLSE=dlse is not None, IS_VARLEN=False, PADDED=True,
-    )
-    return lse2, delta
-
-
 def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale: float, causal: bool, dq, dk, dv,
                     deterministic: bool = False, block_mask=None) -> None:
-    """The Hopper backward (kernels/hopper.py) after a preprocess that writes its padded rows."""
-    lse2, delta = gluon_backward_stats(out, dout, lse, dlse)
-    hopper.backward(q, k, v, dout, lse2, delta, softmax_scale, causal, dq, dk, dv, deterministic=deterministic,
+    """The Hopper backward (kernels/hopper.py); it works out the rows' LSE·log2(e) and D itself."""
+    hopper.backward(q, k, v, out, dout, lse, dlse, softmax_scale, causal, dq, dk, dv, deterministic=deterministic,
                     block_mask=block_mask)
 
 
