@@ -373,7 +373,9 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
                 ("FLASHTILE_GLUON", "unset (auto: Gluon forward on sm_90 where measured faster)"),
                 ("FLASHTILE_GLUON_BWD", "unset (auto: Gluon backward on sm_90, d64, d128 and d256)"),
                 ("FLASHTILE_GLUON_BWD_FUSED",
-                 "unset (auto: five products at d64, d128 where measured faster, Triton 3.8+; 1: wherever they run)"))
+                 "unset (auto: five products at d64, d128 where measured faster, Triton 3.8+; 1: wherever they run)"),
+                ("FLASHTILE_GLUON_DQ_STATS",
+                 "unset (auto: a preprocess launch writes the backward's row stats; 1: the dQ kernels do)"))
     for name, unset in switches:
         env.add_row(name, os.environ.get(name, unset))
     for device_type in ("cpu", "cuda") if cuda else ("cpu",):

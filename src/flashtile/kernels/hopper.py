@@ -532,7 +532,8 @@ STATS_ROWS = 128  # LSE and D rows padded to a multiple of both kernels' BLOCK_M
 # backward, about 0.1 ms of the H200 machine's host time on a host-bound step (session 15's
 # profile: the preprocess's launch 80-100 µs of a 16-document step's 1.0-1.3 ms). Written and
 # compiled for sm_90 on the CPU in session 17, whose device time had run out before it could run:
-# off under auto until the H200 has run its GPU tests and timed it (probes/backward_ab.py).
+# off under auto until the H200 has run its GPU tests and timed it (probes/backward_ab.py; when
+# auto takes it, `flashtile info`'s line on the switch changes with it).
 DQ_STATS_SWITCH = "FLASHTILE_GLUON_DQ_STATS"
 DQ_STATS_UNDER_AUTO = False
 
