@@ -152,14 +152,15 @@ def test_nonfinite_value_row_reaches_the_rows_attending_it(backend, value):
 
 
 def test_nonfinite_value_row_spares_query_tiles_that_never_visit_it(backend):
-    # Causal, seqlen 150, bad value at key 140: query rows < 128 only visit key tiles
-    # below 128 for every tile size up to 128, so they are untouched.
-    q, k, v = _inputs(150, 150, heads_q=1, batch=1)
+    # Causal, seqlen 278, bad value at key 268: query rows < 256 only visit key tiles
+    # below 256 for every tile size up to 256 (the reference's largest, reference.tiled.TILE_SIZES),
+    # so they are untouched.
+    q, k, v = _inputs(278, 278, heads_q=1, batch=1)
     clean_out, _, _ = _run(q, k, v, causal=True)
-    v[0, 140, 0, 2] = NAN
+    v[0, 268, 0, 2] = NAN
     out, _, _ = _run(q, k, v, causal=True)
-    assert torch.equal(out[0, :128], clean_out[0, :128])
-    assert torch.isnan(out[0, 140:, :, 2]).all(), "rows attending the NaN value should be NaN in its column"
+    assert torch.equal(out[0, :256], clean_out[0, :256])
+    assert torch.isnan(out[0, 268:, :, 2]).all(), "rows attending the NaN value should be NaN in its column"
 
 
 def test_nonfinite_value_row_leaks_into_masked_rows_of_the_same_tile(backend):

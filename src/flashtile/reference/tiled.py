@@ -26,8 +26,10 @@ Backward, from the saved LSE (no N×N buffer either)::
 
 The Triton kernels in :mod:`flashtile.kernels` follow this text line by line, with
 the same names. Work is vectorised over batch and heads; grouped-query attention
-views the query heads as (heads_kv, group) so that K/V are never repeated.
-Extra memory is O(N·d + BLOCK_M·BLOCK_N) per head.
+views the query heads as (heads_kv, group) so that K/V are never repeated. As in the
+kernels, only the tiles the band crosses are masked. Extra memory is O(N·d) plus one
+BLOCK_M × BLOCK_N tile of scores per (batch, head): without tiles given, ``default_tile``
+keeps that tile under TILE_SCORES floats for the whole call.
 """
 
 from __future__ import annotations
@@ -65,8 +67,10 @@ def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_sc
         s = softcap * tanh
         chain = 1.0 - tanh * tanh
     # Positions of the tile's rows (bottom-right aligned) and columns.
-    rows = torch.arange(start_m, start_m + q_tile.shape[-2], device=s.device)[:, None] + (seqlen_k - seqlen_q)
-    cols = torch.arange(start_n, start_n + k_tile.shape[-2], device=s.device)[None, :]
+    first_row, last_row = start_m + seqlen_k - seqlen_q, start_m + q_tile.shape[-2] - 1 + seqlen_k - seqlen_q
+    last_col = start_n + k_tile.shape[-2] - 1
+    rows = torch.arange(first_row, last_row + 1, device=s.device)[:, None]
+    cols = torch.arange(start_n, last_col + 1, device=s.device)[None, :]
     if alibi is not None:  # alibi: (B or 1, Hkv, G, 1, 1) slopes
         s = s - alibi * (rows - cols).abs().to(s.dtype)
     if score_mod is not None or mask is not None:
@@ -81,17 +85,40 @@ def _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_sc
         if need_chain:  # the forward has no use for it
             derivative = score_mod.derivative(s, b, h, q_idx, cols)
             chain = derivative if chain is None else chain * derivative
-        s = torch.broadcast_to(score_mod(s, b, h, q_idx, cols), s.shape).to(s.dtype)
+        # (contiguous: a result that broadcasts becomes a tile of its own, which the callers
+        # then overwrite in place)
+        s = torch.broadcast_to(score_mod(s, b, h, q_idx, cols), s.shape).to(s.dtype).contiguous()
     if bias_tile is not None:
         s = s + bias_tile.to(s.dtype)
-    allowed = torch.ones_like(rows, dtype=torch.bool) & torch.ones_like(cols, dtype=torch.bool)
-    if band.left is not None:
-        allowed = allowed & (cols >= rows - band.left)
-    if band.right is not None:
-        allowed = allowed & (cols <= rows + band.right)
+    # The band masks only the tiles it crosses (the kernels' masked tiles); a tile inside it,
+    # most of them, goes unmasked, as in the kernels' unmasked loop.
+    allowed = None
+    if band.left is not None and start_n < last_row - band.left:  # the first key misses the last row's band
+        allowed = cols >= rows - band.left
+    if band.right is not None and last_col > first_row + band.right:  # the last key is past the first row's
+        allowed = (cols <= rows + band.right) if allowed is None else allowed & (cols <= rows + band.right)
     if mask is not None:
-        allowed = allowed & mask(b, h, q_idx, cols)
-    return s.masked_fill(~allowed, float("-inf")), chain
+        allowed = mask(b, h, q_idx, cols) if allowed is None else allowed & mask(b, h, q_idx, cols)
+    return (s if allowed is None else s.masked_fill(~allowed, float("-inf"))), chain
+
+
+# A call's tile when none is given: as large as keeps one tile's scores for every (batch, head)
+# within TILE_SCORES floats. Each tile pair costs some twenty torch ops of fixed dispatch cost
+# (~10 µs each on a CPU), so small tiles of few heads are all overhead: 64 × 64 tiles of 8 heads
+# ran a 2k forward + backward 2.6× slower than 256 × 256 on this project's 2-core CI machine, while
+# 128 heads of 256 keys ran fastest at 64 (more tiles skipped under causal, nothing to amortise).
+# docs/performance.md, "The CPU backend", has the sweep.
+TILE_SCORES = 2 ** 19
+TILE_SIZES = (256, 128, 64)
+
+
+def default_tile(batch: int, heads: int) -> int:
+    """The BLOCK_M = BLOCK_N that a call of ``batch`` × ``heads`` query heads runs without one given:
+    the largest of TILE_SIZES whose tile holds at most TILE_SCORES scores over all of them."""
+    for block in TILE_SIZES:
+        if batch * heads * block * block <= TILE_SCORES:
+            return block
+    return TILE_SIZES[-1]
 
 
 def _aligned(lo: int, block: int) -> int:
@@ -139,8 +166,8 @@ def tiled_attention_forward(
     band: Band,
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
-    BLOCK_M: int = 64,
-    BLOCK_N: int = 64,
+    BLOCK_M: int | None = None,
+    BLOCK_N: int | None = None,
     out: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     dropout_p: float = 0.0,
@@ -161,10 +188,12 @@ def tiled_attention_forward(
     :class:`~flashtile.mask_mods.MaskMod` evaluated on every visited tile; ``score_mod`` a
     :class:`~flashtile.score_mods.ScoreMod` applied after softcap and ALiBi, before the bias.
     Returns out (q's dtype) and LSE (B, Hq, Sq), float32 (float64 for float64 input),
-    natural log, -inf on rows that see no key.
+    natural log, -inf on rows that see no key. BLOCK_M, BLOCK_N: the tile; None: default_tile.
     """
     batch, heads_q, seqlen_q, headdim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    BLOCK_M = BLOCK_M or default_tile(batch, heads_q)
+    BLOCK_N = BLOCK_N or default_tile(batch, heads_q)
     acc_dtype = _acc_dtype(q.dtype)
     if out is None:
         out = torch.empty_like(q)
@@ -191,7 +220,7 @@ def tiled_attention_forward(
             #    subtracting 0 instead of -inf keeps exp() from producing NaN)
             m_ij = torch.maximum(m_i, s.amax(dim=-1))
             m_safe = torch.where(m_ij == float("-inf"), 0.0, m_ij)
-            p = torch.exp(s - m_safe[..., None])
+            p = s.sub_(m_safe[..., None]).exp_()  # (in place: the tile's scores are not needed again)
             alpha = torch.exp(m_i - m_safe)
             l_i = l_i * alpha + p.sum(dim=-1)
             if dropout_p > 0:  # the normaliser counts every probability; only P·V drops some
@@ -211,9 +240,9 @@ def tiled_attention_forward(
 
 
 def _probs_from_lse(s: torch.Tensor, lse_tile: torch.Tensor) -> torch.Tensor:
-    # P = exp(S - LSE). Rows with LSE = -inf saw no key: use +inf so that P = 0.
+    # P = exp(S - LSE), in S's memory. Rows with LSE = -inf saw no key: use +inf so that P = 0.
     lse_safe = torch.where(lse_tile == float("-inf"), float("inf"), lse_tile)
-    return torch.exp(s - lse_safe[..., None])
+    return s.sub_(lse_safe[..., None]).exp_()
 
 
 def tiled_attention_backward(
@@ -227,8 +256,8 @@ def tiled_attention_backward(
     band: Band,
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
-    BLOCK_M: int = 64,
-    BLOCK_N: int = 64,
+    BLOCK_M: int | None = None,
+    BLOCK_N: int | None = None,
     dlse: torch.Tensor | None = None,
     dq: torch.Tensor | None = None,
     dk: torch.Tensor | None = None,
@@ -251,6 +280,8 @@ def tiled_attention_backward(
     Returns dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D) in the inputs' dtype.
     """
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    BLOCK_M = BLOCK_M or default_tile(batch, heads_q)
+    BLOCK_N = BLOCK_N or default_tile(batch, heads_q)
     acc_dtype = _acc_dtype(q.dtype)
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
@@ -282,7 +313,7 @@ def tiled_attention_backward(
             keep = _keep_tile(dropout_seed, dropout_p, batch, heads_kv, heads_q // heads_kv, start_m, end_m,
                               start_n, end_n, q.device, batch_offset).to(acc_dtype) / (1.0 - dropout_p)
             dp, p_used = dp * keep, p * keep
-        ds_scores = p * (dp - delta_g[..., start_m:end_m, None])
+        ds_scores = dp.sub_(delta_g[..., start_m:end_m, None]).mul_(p)  # P ∘ (dP − D), in dP's memory
         ds = ds_scores if chain is None else ds_scores * chain
         return q_tile, do_tile, k_tile, p_used, ds, ds_scores
 
