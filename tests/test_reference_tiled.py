@@ -266,3 +266,91 @@ def test_tiled_additive_bias_and_its_gradient(bias_shape):
     assert max_error(out, ref) < 1e-12
     for name, g, r in zip(("dq", "dk", "dv", "dbias"), (*grads, dbias), ref_grads):
         assert max_error(g, r) < 1e-12, name
+
+
+# -- the tile a call runs, and the tiles a block mask lets it skip ----------------------------
+
+def test_default_tile_keeps_a_tile_of_scores_within_the_budget():
+    from flashtile.reference.tiled import TILE_SCORES, default_tile
+
+    assert default_tile(1, 8) == 256 and default_tile(2, 16) == 128 and default_tile(4, 32) == 64
+    assert default_tile(64, 64) == 64  # never below the smallest tile, whatever the budget says
+    for batch, heads in ((1, 1), (1, 8), (2, 16), (3, 7), (4, 32)):
+        block = default_tile(batch, heads)
+        assert batch * heads * block * block <= TILE_SCORES or block == 64
+
+
+def _visible(mask, heads, seqlen):
+    """The mask's (1, heads, seqlen, seqlen) bool matrix, evaluated whole (small sizes only)."""
+    b, h = torch.arange(1).view(-1, 1, 1, 1), torch.arange(heads).view(1, -1, 1, 1)
+    rows, cols = torch.arange(seqlen).view(1, 1, -1, 1), torch.arange(seqlen).view(1, 1, 1, -1)
+    return torch.broadcast_to(mask(b, h, rows, cols), (1, heads, seqlen, seqlen))
+
+
+def head_one_also_sees_40_keys(b, h, q_idx, kv_idx):
+    return (h == 1) & (kv_idx < 40)
+
+
+def test_tile_kinds_hold_for_every_batch_entry_and_head():
+    # tile_kinds aggregates the lists over (batch, head): a tile is skipped only if no pair visits
+    # it, left unmasked only if every pair sees all of it. Brute force on the element mask.
+    from flashtile.mask_mods import document_mask, or_masks
+
+    seqlen = 203
+    ids = (torch.arange(seqlen, dtype=torch.int32) * 3 // seqlen).to(torch.int32)
+    mask = or_masks(document_mask(ids), head_one_also_sees_40_keys)  # kinds that differ per head
+    bm = flashtile.create_block_mask(mask, 1, 2, seqlen, seqlen, block_m=32, block_n=16, backward_block_n=16)
+    visible = _visible(mask, 2, seqlen)
+    for kernel, (block_m, block_n) in (("fwd", (bm.block_m, bm.block_n)), ("dq", bm.backward_blocks)):
+        kinds = bm.tile_kinds(kernel)
+        seen_kinds = set()
+        for m, row in enumerate(kinds):
+            for n, kind in enumerate(row):
+                tile = visible[..., m * block_m:(m + 1) * block_m, n * block_n:(n + 1) * block_n]
+                hangs = (m + 1) * block_m > seqlen or (n + 1) * block_n > seqlen  # never full (block_mask.py)
+                expected = 0 if not tile.any() else 1 if tile.all() and not hangs else 2
+                assert kind == expected, (kernel, m, n)
+                seen_kinds.add(kind)
+        assert seen_kinds == {0, 1, 2}
+
+
+@pytest.mark.parametrize("document", [64, 48], ids=["borders-on-tiles", "borders-inside-tiles"])
+def test_the_reference_skips_the_empty_tiles_of_a_block_mask_and_masks_only_the_partial_ones(monkeypatch, document):
+    # Each visited tile is one _score_tile call, with the mask only where the tile is partial;
+    # the answer is the oracle's either way, forward and gradients.
+    from flashtile.mask_mods import document_mask
+    from flashtile.reference import tiled
+
+    seqlen, tiles = 256, []
+    score_tile = tiled._score_tile
+
+    def counted(*args, **kwargs):
+        tiles.append(args[11] is not None)  # (the tile's mask argument)
+        return score_tile(*args, **kwargs)
+
+    monkeypatch.setattr(tiled, "_score_tile", counted)
+    ids = (torch.arange(seqlen, dtype=torch.int32) // document).to(torch.int32)
+    mask = document_mask(ids)
+    bm = flashtile.create_block_mask(mask, 1, 1, seqlen, seqlen, block_m=32, block_n=32, backward_block_n=32)
+    kinds = bm.tile_kinds("fwd")
+    visited, partial = (sum(sum(kind >= k for kind in row) for row in kinds) for k in (1, 2))
+    assert visited < len(kinds) ** 2  # documents leave tiles empty
+
+    q, k, v = (torch.randn(1, seqlen, 2, 32, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm)
+    assert (len(tiles), sum(tiles)) == (visited, partial)
+    tiles.clear()
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    assert (len(tiles), sum(tiles)) == (2 * visited, 2 * partial)  # the dK/dV pass and the dQ pass
+    if document == 64:
+        assert partial == 0  # every visited tile is inside one document: the mask is never evaluated
+
+    bias = torch.zeros(seqlen, seqlen, dtype=torch.float64).masked_fill(~_visible(mask, 1, seqlen)[0, 0],
+                                                                        float("-inf"))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    expected = naive_attention(*leaves, bias=bias, upcast=True)
+    expected.backward(dout)
+    torch.testing.assert_close(out.detach(), expected.detach(), rtol=1e-10, atol=1e-10)
+    for got, want in zip((q, k, v), leaves):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-10, atol=1e-10)

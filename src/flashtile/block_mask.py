@@ -155,6 +155,18 @@ class BlockMask:
         """with_forward_key_tiles' block masks, by key tile width."""
         return {}
 
+    def tile_kinds(self, kernel: str) -> list[list[int]]:
+        """Per (Q tile, K/V tile) of ``kernel``'s tiling ("fwd": block_m × block_n; "dq":
+        backward_blocks), over every batch entry and head at once: 0 where none visits the tile,
+        1 where every one sees all of it (no mask to evaluate), 2 otherwise. The reference
+        backend's walk: it computes all batch entries and heads of a tile together, so it skips
+        or leaves unmasked only what holds for all of them. Worked out once, on the host."""
+        return self._tile_kinds_of_each_kernel[kernel]
+
+    @functools.cached_property
+    def _tile_kinds_of_each_kernel(self) -> dict:
+        return {kernel: _kinds_over_batch_and_heads(*self.lists(kernel)[0][:3]) for kernel in ("fwd", "dq")}
+
     @property
     def mask_buffer(self) -> torch.Tensor:
         """The int32 tensor the mask reads, or (for a mask that reads none) any int32 tensor of
@@ -166,6 +178,17 @@ class BlockMask:
         """Visited tiles over all tiles: what the kernels' cost scales with."""
         tiles = self.kv_indices.shape[-2] * self.kv_indices.shape[-1] * self.batch * self.heads
         return float(self.kv_count.sum()) / tiles
+
+
+def _kinds_over_batch_and_heads(indices: torch.Tensor, partial: torch.Tensor, count: torch.Tensor) -> list[list[int]]:
+    """BlockMask.tile_kinds from one kernel's lists (``_lists``: each row's indices are every
+    tile, partial ones first, then full, then empty)."""
+    position = torch.arange(indices.shape[-1], device=indices.device)
+    listed = torch.where(position < partial.unsqueeze(-1), 2, torch.where(position < count.unsqueeze(-1), 1, 0))
+    kinds = torch.zeros_like(listed).scatter_(-1, indices.long(), listed)  # (B, H, num_q, num_kv): 2 partial, 1 full
+    visited = kinds.flatten(0, 1).amax(dim=0) > 0
+    full = (kinds == 1).flatten(0, 1).all(dim=0)
+    return torch.where(full, 1, torch.where(visited, 2, 0)).tolist()
 
 
 def _same_offsets(a: torch.Tensor, b: torch.Tensor) -> bool:

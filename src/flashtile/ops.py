@@ -140,8 +140,7 @@ def _attention_forward(
     else:
         _, lse = tiled_attention_forward(q_, k_, v_, softmax_scale, band, softcap, alibi_slopes, out=out_, bias=bias,
                                          dropout_p=dropout_p, dropout_seed=_seed_value(dropout_seed),
-                                         mask=block_mask.mask if block_mask is not None else None,
-                                         score_mod=score_mod)
+                                         block_mask=block_mask, score_mod=score_mod)
     return out, lse
 
 
@@ -213,8 +212,8 @@ def _attention_backward(
         # The LSE's gradient enters as a shift of D: dS = P ∘ (dP − (D − dLSE)).
         tiled_attention_backward(dout_, q_, k_, v_, out_, lse, softmax_scale, band, softcap, alibi_slopes,
                                  dlse=dlse, dq=dq_, dk=dk_, dv=dv_, bias=bias, dbias=dbias, dropout_p=dropout_p,
-                                 dropout_seed=_seed_value(dropout_seed),
-                                 mask=block_mask.mask if block_mask is not None else None, score_mod=score_mod)
+                                 dropout_seed=_seed_value(dropout_seed), block_mask=block_mask,
+                                 score_mod=score_mod)
     if dbias is None:
         return dq, dk, dv, q.new_empty(0)
     return dq, dk, dv, dbias.to(bias.dtype)

@@ -126,6 +126,19 @@ def _aligned(lo: int, block: int) -> int:
     return lo - lo % block
 
 
+_EMPTY = object()  # _tile_mask's answer for a tile no (batch, head) visits
+
+
+def _tile_mask(mask, kinds, m_tile: int, n_tile: int):
+    """The mask to evaluate on tile (m_tile, n_tile): ``mask`` itself, None where every (batch,
+    head) sees the whole tile, or _EMPTY where none sees any of it (BlockMask.tile_kinds;
+    without kinds, every tile is evaluated)."""
+    if kinds is None or mask is None:
+        return mask
+    kind = kinds[m_tile][n_tile]
+    return mask if kind == 2 else None if kind == 1 else _EMPTY
+
+
 def _group_bias(bias: torch.Tensor | None, heads_q: int, heads_kv: int) -> torch.Tensor | None:
     """A bias broadcastable to (B, Hq, Sq, Sk) as a (B|1, Hkv|1, G|1, Sq|1, Sk|1) view."""
     if bias is None:
@@ -175,6 +188,7 @@ def tiled_attention_forward(
     batch_offset: int = 0,
     mask=None,
     score_mod=None,
+    block_mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tiled forward with the online softmax.
 
@@ -185,13 +199,20 @@ def tiled_attention_forward(
     ``dropout_seed`` (reference/philox.py), the same mask the kernels draw;
     ``batch_offset`` is the index of batch entry 0 in a larger packed batch (its
     dropout counters continue from there). ``mask`` is a
-    :class:`~flashtile.mask_mods.MaskMod` evaluated on every visited tile; ``score_mod`` a
-    :class:`~flashtile.score_mods.ScoreMod` applied after softcap and ALiBi, before the bias.
+    :class:`~flashtile.mask_mods.MaskMod` evaluated on every visited tile; ``block_mask``, a
+    :class:`~flashtile.block_mask.BlockMask`, gives the mask and its tiles instead: tiles no
+    (batch, head) visits are skipped, tiles every one sees whole are not masked (``tile_kinds``).
+    ``score_mod`` a :class:`~flashtile.score_mods.ScoreMod` applied after softcap and ALiBi,
+    before the bias.
     Returns out (q's dtype) and LSE (B, Hq, Sq), float32 (float64 for float64 input),
     natural log, -inf on rows that see no key. BLOCK_M, BLOCK_N: the tile; None: default_tile.
     """
     batch, heads_q, seqlen_q, headdim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    kinds = None
+    if block_mask is not None:  # its tiles, so that its kinds say which to skip and which to mask
+        mask, kinds, BLOCK_M, BLOCK_N = block_mask.mask, block_mask.tile_kinds("fwd"), block_mask.block_m, \
+            block_mask.block_n
     BLOCK_M = BLOCK_M or default_tile(batch, heads_q)
     BLOCK_N = BLOCK_N or default_tile(batch, heads_q)
     acc_dtype = _acc_dtype(q.dtype)
@@ -211,11 +232,14 @@ def tiled_attention_forward(
         acc = torch.zeros(q_tile.shape, dtype=acc_dtype, device=q.device)
         lo, hi = key_range(start_m, end_m, seqlen_q, seqlen_k, band)
         for start_n in range(_aligned(lo, BLOCK_N), hi, BLOCK_N):
+            tile_mask = _tile_mask(mask, kinds, start_m // BLOCK_M, start_n // BLOCK_N)
+            if tile_mask is _EMPTY:
+                continue
             end_n = min(start_n + BLOCK_N, seqlen_k)
             k_tile = k_g[..., start_n:end_n, :].to(acc_dtype)
             v_tile = v_g[..., start_n:end_n, :].to(acc_dtype)
             s, _ = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap,
-                               alibi, _bias_tile(bias_g, start_m, end_m, start_n, end_n), mask, score_mod)
+                               alibi, _bias_tile(bias_g, start_m, end_m, start_n, end_n), tile_mask, score_mod)
             # -- update m_i and l_i (a row with nothing visible yet keeps m = -inf;
             #    subtracting 0 instead of -inf keeps exp() from producing NaN)
             m_ij = torch.maximum(m_i, s.amax(dim=-1))
@@ -269,6 +293,7 @@ def tiled_attention_backward(
     batch_offset: int = 0,
     mask=None,
     score_mod=None,
+    block_mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tiled backward recomputing P from the LSE; shapes as in the forward.
 
@@ -276,10 +301,15 @@ def tiled_attention_backward(
     gradient flowing into the LSE itself: since dLSE_i/dS_ij = P_ij it only shifts D.
     dq/dk/dv may be given to write into. With ``bias``, a zero-filled ``dbias`` of the
     bias's shape, if given, receives the bias gradient (dS summed over broadcast dims).
-    ``score_mod``'s derivative comes from torch.func (forward mode), tile by tile.
+    ``score_mod``'s derivative comes from torch.func (forward mode), tile by tile. With
+    ``block_mask`` both passes walk its dQ pass's tiles (``backward_blocks``), skipping or
+    leaving unmasked what its ``tile_kinds("dq")`` say.
     Returns dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D) in the inputs' dtype.
     """
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    kinds = None
+    if block_mask is not None:
+        mask, kinds, (BLOCK_M, BLOCK_N) = block_mask.mask, block_mask.tile_kinds("dq"), block_mask.backward_blocks
     BLOCK_M = BLOCK_M or default_tile(batch, heads_q)
     BLOCK_N = BLOCK_N or default_tile(batch, heads_q)
     acc_dtype = _acc_dtype(q.dtype)
@@ -296,7 +326,7 @@ def tiled_attention_backward(
     alibi = _alibi_slopes_grouped(alibi_slopes, heads_kv, acc_dtype)
     bias_g, dbias_g = _group_bias(bias, heads_q, heads_kv), _group_bias(dbias, heads_q, heads_kv)
 
-    def tile_grads(start_m, end_m, start_n, end_n):
+    def tile_grads(start_m, end_m, start_n, end_n, tile_mask):
         """Recompute one tile: P, dS with respect to the scores, and dS with respect to
         Q Kᵀ · scale (they differ by the softcap's and score_mod's derivatives), (B, Hkv, G, BLOCK_M, BLOCK_N)."""
         q_tile = q_g[..., start_m:end_m, :].to(acc_dtype)
@@ -304,7 +334,7 @@ def tiled_attention_backward(
         k_tile = k_g[..., start_n:end_n, :].to(acc_dtype)
         v_tile = v_g[..., start_n:end_n, :].to(acc_dtype)
         s, chain = _score_tile(q_tile, k_tile, start_m, start_n, seqlen_q, seqlen_k, softmax_scale, band, softcap,
-                               alibi, _bias_tile(bias_g, start_m, end_m, start_n, end_n), mask, score_mod,
+                               alibi, _bias_tile(bias_g, start_m, end_m, start_n, end_n), tile_mask, score_mod,
                                need_chain=True)
         p = _probs_from_lse(s, lse_g[..., start_m:end_m].to(acc_dtype))
         dp = torch.matmul(do_tile, v_tile.transpose(-1, -2))
@@ -324,8 +354,11 @@ def tiled_attention_backward(
         dv_acc = torch.zeros_like(dk_acc)
         lo, hi = query_range(start_n, end_n, seqlen_q, seqlen_k, band)
         for start_m in range(_aligned(lo, BLOCK_M), hi, BLOCK_M):
+            tile_mask = _tile_mask(mask, kinds, start_m // BLOCK_M, start_n // BLOCK_N)
+            if tile_mask is _EMPTY:
+                continue
             end_m = min(start_m + BLOCK_M, seqlen_q)
-            q_tile, do_tile, _, p, ds, _ = tile_grads(start_m, end_m, start_n, end_n)
+            q_tile, do_tile, _, p, ds, _ = tile_grads(start_m, end_m, start_n, end_n, tile_mask)
             # The query heads of a group share this K/V head: sum their contributions.
             dv_acc += torch.matmul(p.transpose(-1, -2), do_tile).sum(dim=2)
             dk_acc += torch.matmul(ds.transpose(-1, -2), q_tile).sum(dim=2) * softmax_scale
@@ -338,8 +371,11 @@ def tiled_attention_backward(
         dq_acc = torch.zeros(*dq_g.shape[:3], end_m - start_m, q.shape[-1], dtype=acc_dtype, device=q.device)
         lo, hi = key_range(start_m, end_m, seqlen_q, seqlen_k, band)
         for start_n in range(_aligned(lo, BLOCK_N), hi, BLOCK_N):
+            tile_mask = _tile_mask(mask, kinds, start_m // BLOCK_M, start_n // BLOCK_N)
+            if tile_mask is _EMPTY:
+                continue
             end_n = min(start_n + BLOCK_N, seqlen_k)
-            _, _, k_tile, _, ds, ds_scores = tile_grads(start_m, end_m, start_n, end_n)
+            _, _, k_tile, _, ds, ds_scores = tile_grads(start_m, end_m, start_n, end_n, tile_mask)
             dq_acc += torch.matmul(ds, k_tile) * softmax_scale
             if dbias_g is not None:  # each (Q tile, K tile) pair is visited once here
                 dbias_tile = _bias_tile(dbias_g, start_m, end_m, start_n, end_n)
