@@ -155,17 +155,26 @@ class BlockMask:
         """with_forward_key_tiles' block masks, by key tile width."""
         return {}
 
-    def tile_kinds(self, kernel: str) -> list[list[int]]:
+    def tile_kinds(self, kernel: str, rows: int = 1, cols: int = 1) -> list[list[int]]:
         """Per (Q tile, K/V tile) of ``kernel``'s tiling ("fwd": block_m × block_n; "dq":
-        backward_blocks), over every batch entry and head at once: 0 where none visits the tile,
-        1 where every one sees all of it (no mask to evaluate), 2 otherwise. The reference
-        backend's walk: it computes all batch entries and heads of a tile together, so it skips
-        or leaves unmasked only what holds for all of them. Worked out once, on the host."""
-        return self._tile_kinds_of_each_kernel[kernel]
+        backward_blocks), each tile ``rows`` × ``cols`` of them, over every batch entry and head
+        at once: 0 where none visits the tile, 1 where every one sees all of it (no mask to
+        evaluate), 2 otherwise. The reference backend's walk: it computes all batch entries and
+        heads of a tile together, so it skips or leaves unmasked only what holds for all of them,
+        and runs larger tiles than the kernels. Worked out once per tiling, on the host."""
+        key = (kernel, rows, cols)
+        kinds = self._tile_kinds.get(key)
+        if kinds is None:
+            fine = self._tile_kinds.get((kernel, 1, 1))
+            if fine is None:
+                fine = _kinds_over_batch_and_heads(*self.lists(kernel)[0][:3])
+            kinds = self._tile_kinds[key] = _coarsened(fine, rows, cols)
+        return kinds.tolist()
 
     @functools.cached_property
-    def _tile_kinds_of_each_kernel(self) -> dict:
-        return {kernel: _kinds_over_batch_and_heads(*self.lists(kernel)[0][:3]) for kernel in ("fwd", "dq")}
+    def _tile_kinds(self) -> dict:
+        """tile_kinds' answers as int8 tensors, by (kernel, rows, cols)."""
+        return {}
 
     @property
     def mask_buffer(self) -> torch.Tensor:
@@ -180,15 +189,29 @@ class BlockMask:
         return float(self.kv_count.sum()) / tiles
 
 
-def _kinds_over_batch_and_heads(indices: torch.Tensor, partial: torch.Tensor, count: torch.Tensor) -> list[list[int]]:
-    """BlockMask.tile_kinds from one kernel's lists (``_lists``: each row's indices are every
-    tile, partial ones first, then full, then empty)."""
+def _kinds_over_batch_and_heads(indices: torch.Tensor, partial: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """BlockMask.tile_kinds (num_q_tiles, num_kv_tiles) int8 on the CPU, from one kernel's lists
+    (``_lists``: each row's indices are every tile, partial ones first, then full, then empty)."""
     position = torch.arange(indices.shape[-1], device=indices.device)
     listed = torch.where(position < partial.unsqueeze(-1), 2, torch.where(position < count.unsqueeze(-1), 1, 0))
     kinds = torch.zeros_like(listed).scatter_(-1, indices.long(), listed)  # (B, H, num_q, num_kv): 2 partial, 1 full
     visited = kinds.flatten(0, 1).amax(dim=0) > 0
     full = (kinds == 1).flatten(0, 1).all(dim=0)
-    return torch.where(full, 1, torch.where(visited, 2, 0)).tolist()
+    return torch.where(full, 1, torch.where(visited, 2, 0)).to(torch.int8).cpu()
+
+
+def _coarsened(kinds: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The kinds of tiles ``rows`` × ``cols`` of ``kinds``'s: empty where every one is, full
+    where every one is (a tile that reaches past the grid's last row or column is at most
+    partial: the part past it was never classified)."""
+    if (rows, cols) == (1, 1):
+        return kinds
+    num_q, num_kv = kinds.shape
+    padded = torch.full((-(-num_q // rows) * rows, -(-num_kv // cols) * cols), -1, dtype=kinds.dtype)
+    padded[:num_q, :num_kv] = kinds
+    tiles = padded.view(padded.shape[0] // rows, rows, padded.shape[1] // cols, cols).transpose(1, 2).flatten(2)
+    visited, full = (tiles > 0).any(dim=-1), (tiles == 1).all(dim=-1)
+    return torch.where(full, 1, torch.where(visited, 2, 0)).to(torch.int8)
 
 
 def _same_offsets(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -126,6 +126,15 @@ def _aligned(lo: int, block: int) -> int:
     return lo - lo % block
 
 
+def _block_mask_tiles(block_mask, kernel: str, batch: int, heads: int) -> tuple[tuple[int, int], list]:
+    """The tiles a call with ``block_mask`` runs, whole tiles of ``kernel``'s ("fwd", or "dq"
+    for both backward passes) as near default_tile as they go, and their kinds (tile_kinds)."""
+    block_m, block_n = (block_mask.block_m, block_mask.block_n) if kernel == "fwd" else block_mask.backward_blocks
+    target = default_tile(batch, heads)
+    rows, cols = max(1, target // block_m), max(1, target // block_n)
+    return (block_m * rows, block_n * cols), block_mask.tile_kinds(kernel, rows, cols)
+
+
 _EMPTY = object()  # _tile_mask's answer for a tile no (batch, head) visits
 
 
@@ -200,8 +209,9 @@ def tiled_attention_forward(
     ``batch_offset`` is the index of batch entry 0 in a larger packed batch (its
     dropout counters continue from there). ``mask`` is a
     :class:`~flashtile.mask_mods.MaskMod` evaluated on every visited tile; ``block_mask``, a
-    :class:`~flashtile.block_mask.BlockMask`, gives the mask and its tiles instead: tiles no
-    (batch, head) visits are skipped, tiles every one sees whole are not masked (``tile_kinds``).
+    :class:`~flashtile.block_mask.BlockMask`, gives the mask and the tiles instead (whole tiles
+    of its own, near default_tile): tiles no (batch, head) visits are skipped, tiles every one
+    sees whole are not masked (``tile_kinds``).
     ``score_mod`` a :class:`~flashtile.score_mods.ScoreMod` applied after softcap and ALiBi,
     before the bias.
     Returns out (q's dtype) and LSE (B, Hq, Sq), float32 (float64 for float64 input),
@@ -210,9 +220,8 @@ def tiled_attention_forward(
     batch, heads_q, seqlen_q, headdim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     kinds = None
-    if block_mask is not None:  # its tiles, so that its kinds say which to skip and which to mask
-        mask, kinds, BLOCK_M, BLOCK_N = block_mask.mask, block_mask.tile_kinds("fwd"), block_mask.block_m, \
-            block_mask.block_n
+    if block_mask is not None:  # whole tiles of its own, so that its kinds say which to skip and which to mask
+        mask, (BLOCK_M, BLOCK_N), kinds = block_mask.mask, *_block_mask_tiles(block_mask, "fwd", batch, heads_q)
     BLOCK_M = BLOCK_M or default_tile(batch, heads_q)
     BLOCK_N = BLOCK_N or default_tile(batch, heads_q)
     acc_dtype = _acc_dtype(q.dtype)
@@ -302,14 +311,14 @@ def tiled_attention_backward(
     dq/dk/dv may be given to write into. With ``bias``, a zero-filled ``dbias`` of the
     bias's shape, if given, receives the bias gradient (dS summed over broadcast dims).
     ``score_mod``'s derivative comes from torch.func (forward mode), tile by tile. With
-    ``block_mask`` both passes walk its dQ pass's tiles (``backward_blocks``), skipping or
-    leaving unmasked what its ``tile_kinds("dq")`` say.
+    ``block_mask`` both passes walk whole tiles of its dQ pass's (``backward_blocks``),
+    skipping or leaving unmasked what its ``tile_kinds("dq", ...)`` say.
     Returns dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D) in the inputs' dtype.
     """
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2]
     kinds = None
     if block_mask is not None:
-        mask, kinds, (BLOCK_M, BLOCK_N) = block_mask.mask, block_mask.tile_kinds("dq"), block_mask.backward_blocks
+        mask, (BLOCK_M, BLOCK_N), kinds = block_mask.mask, *_block_mask_tiles(block_mask, "dq", batch, heads_q)
     BLOCK_M = BLOCK_M or default_tile(batch, heads_q)
     BLOCK_N = BLOCK_N or default_tile(batch, heads_q)
     acc_dtype = _acc_dtype(q.dtype)
