@@ -87,3 +87,23 @@ def test_block_mask_loops_keep_copies_in_flight(pipeline_report):
 def test_paged_decode_loop_keeps_copies_in_flight(pipeline_report):
     # One block-table lookup per page, outside the tile loop; per tile, the loop drained.
     assert draining(pipeline_report, "paged") == []
+
+
+def test_sass_compare_finds_a_tree_equal_to_itself_and_reports_a_change(tmp_path):
+    # The same tree dumped twice: every variant's SASS equal (exit 0). A dump edited by one
+    # instruction: that variant differs (exit 1), so the tool can fail.
+    only = "gluon dq d=128 causal fp16"
+    if "skip gluon kernels" in run_tool("compile_check.py", "--only", "nothing-matches"):
+        pytest.skip("this Triton has no Gluon Hopper support")
+    first, second = tmp_path / "first", tmp_path / "second"
+    for directory in (first, second):
+        assert "lines" in run_tool("sass_compare.py", "dump", str(directory), "--only", only)
+    (name,) = [path.name for path in first.iterdir()]
+    assert "0 of 1 variants differ" in run_tool("sass_compare.py", "diff", str(first), str(second))
+    sass = (second / name).read_text().splitlines()
+    index = next(i for i, line in enumerate(sass) if "MUFU.EX2" in line)
+    sass[index] = sass[index].replace("MUFU.EX2", "MUFU.LG2")
+    (second / name).write_text("\n".join(sass))
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "sass_compare.py"), "diff", str(first), str(second)],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 1 and "1 of 1 variants differ" in result.stdout, result.stdout

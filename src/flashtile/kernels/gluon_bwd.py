@@ -14,9 +14,9 @@ lse2 and Delta live in (B*Hq, S_pad) float32 buffers, S_pad a multiple of 128, p
 lse2 = +inf, Delta = 0. The dQ kernels run first; with ROW_STATS they write them (`row_stats`:
 each program's own 128 rows, from O, dO and the forward's LSE: the preprocess folded in, one
 launch fewer), without it they read what the preprocess (bwd.py) wrote. The dK/dV kernels,
-launched after, read them.
-Rows past a sequence's end then need no mask anywhere: TMA zero-fills Q/dO/K/V rows outside
-the (B, H, S, D) view, P there is exp2(-inf) = 0, and the TMA stores clip at the tensor's edge.
+launched after, read them. Rows past a sequence's end then need no mask anywhere: TMA
+zero-fills Q/dO/K/V rows outside the (B, H, S, D) view, P there is exp2(-inf) = 0, and the TMA
+stores clip at the tensor's edge.
 
 dK/dV kernel (`_dkdv_kernel`), one CTA per (128-key tile, batch, kv head), num_warps=4 plus
 workers: partitions = consumer warpgroup 0 (default, keys [n0, n0+64)), consumer warpgroup 1
@@ -54,8 +54,6 @@ from .gluon_common import (accumulator_layout, hide_scores, init_q_ring_barriers
                            tma_load, tma_store)
 
 LOG2E = gl.constexpr(1.4426950408889634)
-
-
 
 
 # ----------------------------------------------------------------------------------------------
