@@ -165,15 +165,20 @@ class BlockMask:
         key = (kernel, rows, cols)
         kinds = self._tile_kinds.get(key)
         if kinds is None:
-            fine = self._tile_kinds.get((kernel, 1, 1))
+            fine = self._fine_tile_kinds.get(kernel)
             if fine is None:
-                fine = _kinds_over_batch_and_heads(*self.lists(kernel)[0][:3])
-            kinds = self._tile_kinds[key] = _coarsened(fine, rows, cols)
-        return kinds.tolist()
+                fine = self._fine_tile_kinds[kernel] = _kinds_over_batch_and_heads(*self.lists(kernel)[0][:3])
+            kinds = self._tile_kinds[key] = _coarsened(fine, rows, cols).tolist()
+        return kinds
 
     @functools.cached_property
     def _tile_kinds(self) -> dict:
-        """tile_kinds' answers as int8 tensors, by (kernel, rows, cols)."""
+        """tile_kinds' answers, by (kernel, rows, cols) (lists: the reference reads one per tile)."""
+        return {}
+
+    @functools.cached_property
+    def _fine_tile_kinds(self) -> dict:
+        """Each kernel's tile kinds on its own tiling, an int8 tensor on the CPU."""
         return {}
 
     @property
