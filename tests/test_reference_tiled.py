@@ -280,11 +280,16 @@ def test_default_tile_keeps_a_tile_of_scores_within_the_budget():
         assert batch * heads * block * block <= TILE_SCORES or block == 64
 
 
-def _visible(mask, heads, seqlen):
-    """The mask's (1, heads, seqlen, seqlen) bool matrix, evaluated whole (small sizes only)."""
-    b, h = torch.arange(1).view(-1, 1, 1, 1), torch.arange(heads).view(1, -1, 1, 1)
-    rows, cols = torch.arange(seqlen).view(1, 1, -1, 1), torch.arange(seqlen).view(1, 1, 1, -1)
-    return torch.broadcast_to(mask(b, h, rows, cols), (1, heads, seqlen, seqlen))
+def _assert_masked_attention_matches_oracle(out, dout, leaves, visible, tolerance):
+    """``out`` (and the leaves' gradients after out.backward(dout)) against the float64 oracle of
+    the same leaves with ``visible`` (B, H, Sq, Sk) as a −inf bias."""
+    bias = torch.zeros(visible.shape, dtype=torch.float64).masked_fill(~visible, float("-inf"))
+    fresh = [t.detach().requires_grad_() for t in leaves]
+    expected = naive_attention(*fresh, bias=bias, upcast=True)
+    expected.backward(dout)
+    torch.testing.assert_close(out.detach(), expected.detach(), rtol=tolerance, atol=tolerance)
+    for got, want in zip(leaves, fresh):
+        torch.testing.assert_close(got.grad, want.grad, rtol=tolerance, atol=tolerance)
 
 
 def head_one_also_sees_40_keys(b, h, q_idx, kv_idx):
@@ -294,13 +299,13 @@ def head_one_also_sees_40_keys(b, h, q_idx, kv_idx):
 def test_tile_kinds_hold_for_every_batch_entry_and_head():
     # tile_kinds aggregates the lists over (batch, head): a tile is skipped only if no pair visits
     # it, left unmasked only if every pair sees all of it. Brute force on the element mask.
-    from flashtile.mask_mods import document_mask, or_masks
+    from flashtile.mask_mods import dense_mask, document_mask, or_masks
 
     seqlen = 203
     ids = (torch.arange(seqlen, dtype=torch.int32) * 3 // seqlen).to(torch.int32)
     mask = or_masks(document_mask(ids), head_one_also_sees_40_keys)  # kinds that differ per head
     bm = flashtile.create_block_mask(mask, 1, 2, seqlen, seqlen, block_m=32, block_n=16, backward_block_n=16)
-    visible = _visible(mask, 2, seqlen)
+    visible = dense_mask(mask, 1, 2, seqlen, seqlen)
     cases = [("fwd", 1, 1), ("dq", 1, 1), ("fwd", 2, 3), ("dq", 4, 2), ("fwd", 7, 13)]  # (7 x 13: one tile)
     for kernel, rows, cols in cases:
         block_m, block_n = (bm.block_m, bm.block_n) if kernel == "fwd" else bm.backward_blocks
@@ -325,7 +330,7 @@ def test_the_reference_skips_the_empty_tiles_of_a_block_mask_and_masks_only_the_
     # Each visited tile is one _score_tile call, with the mask only where the tile is partial;
     # the answer is the oracle's either way, forward and gradients. The reference runs whole
     # tiles of the block mask's, near default_tile (here 8 × 4 of its 32 × 64).
-    from flashtile.mask_mods import document_mask
+    from flashtile.mask_mods import dense_mask, document_mask
     from flashtile.reference import tiled
 
     seqlen, tiles = 1024, []
@@ -355,14 +360,7 @@ def test_the_reference_skips_the_empty_tiles_of_a_block_mask_and_masks_only_the_
     if document == 256:
         assert (visited, partial) == (4, 0)  # one tile per document: the mask is never evaluated
 
-    bias = torch.zeros(seqlen, seqlen, dtype=torch.float64).masked_fill(~_visible(mask, 1, seqlen)[0, 0],
-                                                                        float("-inf"))
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    expected = naive_attention(*leaves, bias=bias, upcast=True)
-    expected.backward(dout)
-    torch.testing.assert_close(out.detach(), expected.detach(), rtol=1e-10, atol=1e-10)
-    for got, want in zip((q, k, v), leaves):
-        torch.testing.assert_close(got.grad, want.grad, rtol=1e-10, atol=1e-10)
+    _assert_masked_attention_matches_oracle(out, dout, (q, k, v), dense_mask(mask, 1, 1, seqlen, seqlen), 1e-10)
 
 
 def odd_heads_see_everything(b, h, q_idx, kv_idx):
@@ -411,11 +409,5 @@ def test_random_block_masks_on_the_reference_match_the_oracle(data):
     dout = torch.randn_like(out)
     out.backward(dout)
 
-    visible = dense_mask(mask, batch, heads, seqlen_q, seqlen_k)
-    bias = torch.zeros(visible.shape, dtype=torch.float64).masked_fill(~visible, float("-inf"))
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    expected = naive_attention(*leaves, bias=bias, upcast=True)
-    expected.backward(dout)
-    torch.testing.assert_close(out.detach(), expected.detach(), rtol=1e-9, atol=1e-9)
-    for got, want in zip((q, k, v), leaves):
-        torch.testing.assert_close(got.grad, want.grad, rtol=1e-9, atol=1e-9)
+    _assert_masked_attention_matches_oracle(out, dout, (q, k, v), dense_mask(mask, batch, heads, seqlen_q, seqlen_k),
+                                            1e-9)
