@@ -91,10 +91,8 @@ def compile_variant(kernel, constexprs: dict, num_warps: int, num_stages: int):
                                                                                num_stages=num_stages))
 
 
-# The dQ kernels' row_stats arguments, which a launch without ROW_STATS passes as None
-# (hopper._RowStats.kernel_args): constexpr Nones, as at a launch.
-NO_ROW_STATS_PARAMS = ("Out", "DO", "LSE", "DLSE", "stride_ob", "stride_oh", "stride_om", "stride_dob", "stride_doh",
-                       "stride_dom", "stride_lb", "stride_lh", "head_dim")
+# The keys of a Gluon variant's constexprs that describe its descriptors, not kernel parameters.
+DESCRIPTOR_KEYS = ("DTYPE", "Q_ROWS", "KV_ROWS")
 
 # The block-sparse Gluon kernels' int32 pointers: a block mask's lists and the mask's tensor.
 LIST_POINTERS = ("KvIdx", "KvPartial", "KvCount", "KvOrder", "QIdx", "QPartial", "QCount", "QOrder", "MaskBuf")
@@ -109,9 +107,11 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     constexprs = dict(constexprs, num_warps=num_warps)
-    dtype, q_rows, kv_rows = constexprs.pop("DTYPE"), constexprs.pop("Q_ROWS"), constexprs.pop("KV_ROWS")
-    if constexprs.get("ROW_STATS") is False:  # a dQ kernel reading the preprocess's rows: no row_stats arguments
-        constexprs.update(dict.fromkeys(NO_ROW_STATS_PARAMS))
+    dtype, q_rows, kv_rows = (constexprs.pop(key) for key in DESCRIPTOR_KEYS)
+    if constexprs.get("ROW_STATS") is False:  # a dQ kernel reading the preprocess's rows: Nones, as at a launch
+        from flashtile.kernels import hopper
+
+        constexprs.update(dict.fromkeys(hopper.ROW_STATS_PARAMS))
     element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
 
     def descriptor(rows):

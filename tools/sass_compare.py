@@ -28,8 +28,6 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-_NOT_PARAMETERS = ("DTYPE", "Q_ROWS", "KV_ROWS")  # compile_check's keys that describe the descriptors
-
 
 def _file_name(variant: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", variant.lower()).strip("_") + ".sass"
@@ -48,7 +46,7 @@ def dump(directory: str, only: str | None) -> int:
             continue
         parameters = inspect.signature(kernel.fn).parameters
         constexprs = {key: value for key, value in constexprs.items()
-                      if key in parameters or (stages is None and key in _NOT_PARAMETERS)}
+                      if key in parameters or (stages is None and key in compile_check.DESCRIPTOR_KEYS)}
         compiled = (compile_check.compile_variant(kernel, constexprs, warps, stages) if stages is not None
                     else compile_check.compile_gluon_variant(kernel, constexprs, warps))
         with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:

@@ -28,6 +28,7 @@ import argparse
 import collections
 import os
 import statistics
+import sys
 
 import torch
 from triton.testing import do_bench
@@ -35,29 +36,8 @@ from triton.testing import do_bench
 import flashtile
 from flashtile.mask_mods import and_masks, causal_mask, document_mask
 
-
-def graph_ms(fn, replays: int = 20) -> float:
-    """Median ms of one replay of ``fn`` captured in a CUDA graph (5 timings of ``replays``)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / replays)
-    return statistics.median(times)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from launch_overhead import graph_ms  # noqa: E402  (a CUDA graph's replay, warmed up on a side stream)
 
 
 def make_cell(spec: str):

@@ -28,7 +28,7 @@ import sys
 import torch
 
 import flashtile
-from flashtile.kernels import hopper, launch
+from flashtile.kernels import hopper
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from launch_overhead import graph_ms, median_ms  # noqa: E402  (graph_ms: a CUDA graph's replay, no host time)
@@ -103,7 +103,7 @@ def time_config(which, head_dim, seqlen, causal, api=False) -> float:
             ms = graph_ms(lambda: hopper.forward(q, k, v, out, scale, causal))
         else:
             dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-            ms = graph_ms(lambda: launch._gluon_backward(dout, q, k, v, out, lse, None, scale, causal, dq, dk, dv))
+            ms = graph_ms(lambda: hopper.backward(q, k, v, out, dout, lse, None, scale, causal, dq, dk, dv))
     flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1) * (2.5 if which == "bwd" else 1)
     return flops / ms * 1e-9
 

@@ -15,6 +15,9 @@ from .common import (LN2, LOG2E, _band_mask, _dropout_keep, _key_tiles, _load_bi
                      _scores_log2)
 
 
+PREPROCESS_ROWS = 64  # rows of D per _bwd_preprocess program (a divisor of hopper.STATS_ROWS)
+
+
 @triton.jit
 def _bwd_preprocess(
     Out, DO, DLSE, Delta, Cu_seqlens_q, LSE, LSE2,

@@ -668,18 +668,21 @@ class _RowStats:
         out, lse = self.out, self.lse
         batch, heads_q, seqlen_q, _ = out.shape
         s_pad = self.lse2.shape[1]
-        num_m_pre = s_pad // PREPROCESS_ROWS
+        num_m_pre = s_pad // bwd.PREPROCESS_ROWS
         fast_launch.launch(
             bwd._bwd_preprocess, (num_m_pre * batch * heads_q,),
             out, self.dout, self.dlse if self.dlse is not None else lse, self.delta, lse, lse, self.lse2,
             *out.stride(), *self.dout.stride(), lse.stride(0), lse.stride(1), s_pad, heads_q, seqlen_q, num_m_pre,
             HEAD_DIM=out.shape[3], HEAD_DIM_PADDED=max(16, triton.next_power_of_2(out.shape[3])),
-            BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=self.dlse is not None, IS_VARLEN=False, PADDED=True,
+            BLOCK_M=bwd.PREPROCESS_ROWS, HAS_DLSE=self.dlse is not None, IS_VARLEN=False, PADDED=True,
         )
 
 
-PREPROCESS_ROWS = 64  # rows of lse2 and Delta per preprocess program (a divisor of STATS_ROWS)
-_NO_ROW_STATS = (None,) * 13
+# The dQ kernels' parameters that row_stats reads (gluon_bwd._dq_kernel's, Out to head_dim), in
+# order: a launch without ROW_STATS passes None for each (tools/compile_check.py compiles it so).
+ROW_STATS_PARAMS = ("Out", "DO", "LSE", "DLSE", "stride_ob", "stride_oh", "stride_om", "stride_dob", "stride_doh",
+                    "stride_dom", "stride_lb", "stride_lh", "head_dim")
+_NO_ROW_STATS = (None,) * len(ROW_STATS_PARAMS)
 _PREPROCESSED = dict(ROW_STATS=False, HAS_DLSE=False)  # (dLSE is the preprocess's to subtract)
 
 

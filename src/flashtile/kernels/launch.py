@@ -16,7 +16,7 @@ from triton.runtime.errors import OutOfResources
 
 from ..masks import Band
 from . import autotune, fast_launch, hopper, tma
-from .bwd import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
+from .bwd import PREPROCESS_ROWS, _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
 from .configs import backward_configs, forward_config
 from .padding import fill_rows_outside
 from .fwd import _fwd_kernel
@@ -247,16 +247,6 @@ def _mask_of(block_mask):
     return block_mask.mask if block_mask is not None else None
 
 
-PREPROCESS_ROWS = 64  # rows of D per preprocess program
-
-
-def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale: float, causal: bool, dq, dk, dv,
-                    deterministic: bool = False, block_mask=None) -> None:
-    """The Hopper backward (kernels/hopper.py); it works out the rows' LSE·log2(e) and D itself."""
-    hopper.backward(q, k, v, out, dout, lse, dlse, softmax_scale, causal, dq, dk, dv, deterministic=deterministic,
-                    block_mask=block_mask)
-
-
 def attention_backward_triton(
     dout: torch.Tensor,
     q: torch.Tensor,
@@ -303,7 +293,7 @@ def attention_backward_triton(
                        dropout_p=dropout_p, varlen=varlen, block_mask=block_mask, score_mod=score_mod,
                        backward=True, grads=(dout, dq, dk, dv)):
         try:
-            _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, band.right == 0, dq, dk, dv,
+            hopper.backward(q, k, v, out, dout, lse, dlse, softmax_scale, band.right == 0, dq, dk, dv,
                             deterministic=deterministic, block_mask=block_mask)
             return None
         except Exception as error:  # a kernel that cannot be built here: Triton's, under auto
