@@ -284,6 +284,27 @@ def test_the_gluon_backward_hands_each_kernel_descriptors_of_its_own_tiles(monke
     assert args_q[21] == heads_q
 
 
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+@pytest.mark.parametrize("seqlen_k", [333, hopper.DQ_STATS_MAX_KEYS, hopper.DQ_STATS_MAX_KEYS + 1])
+def test_under_auto_the_dq_kernel_writes_the_row_stats_up_to_the_measured_length(monkeypatch, seqlen_k):
+    # auto: the dQ kernel's own stats where session 18 timed them no slower (dq_stats_measured_faster),
+    # the preprocess launch beyond; block-sparse calls: test_gluon_listed.py
+    gluon_bwd = hopper._gluon()[3]
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "0")
+    monkeypatch.delenv("FLASHTILE_GLUON_DQ_STATS", raising=False)
+    launches = []
+    for name in ("_dkdv_kernel", "_dq_kernel"):
+        monkeypatch.setattr(gluon_bwd, name, _RecordLaunch(launches, name))
+    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: launches.append(("preprocess", stats)))
+    q, dout, dq, out = (torch.randn(1, 2, 40, 64, dtype=torch.bfloat16) for _ in range(4))
+    k, v, dk, dv = (torch.randn(1, 2, seqlen_k, 64, dtype=torch.bfloat16) for _ in range(4))
+    hopper.backward(q, k, v, out, dout, torch.randn(1, 2, 40), None, 0.125, False, dq, dk, dv)
+    in_dq_kernel = seqlen_k <= hopper.DQ_STATS_MAX_KEYS
+    assert [launch[0] for launch in launches] == ["_dq_kernel", "_dkdv_kernel"] if in_dq_kernel \
+        else ["preprocess", "_dq_kernel", "_dkdv_kernel"]
+    assert launches[-2][3]["ROW_STATS"] == in_dq_kernel
+
+
 @pytest.mark.skipif(not HAS_TMA_REDUCE, reason="this Triton's Gluon has no TMA reductions (3.8+)")
 @pytest.mark.parametrize("head_dim", [64, 128, 40, 96])
 def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(monkeypatch, head_dim):

@@ -127,10 +127,10 @@ def test_the_listed_backward_hands_each_kernel_its_lists_and_descriptors_of_its_
     q, dout, dq, out = (torch.randn(2, 6, 300, head_dim, dtype=torch.bfloat16) for _ in range(4))
     k, v, dk, dv = (torch.randn(2, 2, 333, head_dim, dtype=torch.bfloat16) for _ in range(4))
     lse = torch.randn(2, 6, 300)
-    monkeypatch.setenv("FLASHTILE_GLUON_DQ_STATS", "1")
+    monkeypatch.delenv("FLASHTILE_GLUON_DQ_STATS", raising=False)
     hopper.backward(q, k, v, out, dout, lse, None, head_dim ** -0.5, False, dq, dk, dv, block_mask=bm)
-    # dQ first: it writes the rows' LSE·log2(e) and D, which the dK/dV kernel reads (without
-    # FLASHTILE_GLUON_DQ_STATS=1 the preprocess does: test_gluon.py's descriptor test)
+    # dQ first: under auto, as under 1, it writes the rows' LSE·log2(e) and D, which the dK/dV
+    # kernel reads (under 0 the preprocess does: test_gluon.py's descriptor test)
     (dq_name, dq_grid, dq_args, dq_constexprs), (dkdv_name, dkdv_grid, dkdv_args, dkdv_constexprs) = launches
     width = hopper.kernel_head_dim(head_dim)
     assert (dkdv_name, dq_name) == ("_dkdv_listed_kernel", "_dq_listed_kernel")

@@ -375,7 +375,8 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
                 ("FLASHTILE_GLUON_BWD_FUSED",
                  "unset (auto: five products at d64, d128 where measured faster, Triton 3.8+; 1: wherever they run)"),
                 ("FLASHTILE_GLUON_DQ_STATS",
-                 "unset (auto: a preprocess launch writes the backward's row stats; 1: the dQ kernels do)"))
+                 "unset (auto: the dQ kernels write the backward's row stats up to 4k keys and under block masks, "
+                 "a preprocess launch beyond; 1: always the dQ kernels)"))
     for name, unset in switches:
         env.add_row(name, os.environ.get(name, unset))
     for device_type in ("cpu", "cuda") if cuda else ("cpu",):

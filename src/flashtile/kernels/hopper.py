@@ -529,13 +529,25 @@ WIDE_P_BUFFERS = 2
 STATS_ROWS = 128  # LSE and D rows padded to a multiple of both kernels' BLOCK_M (dQ 128, dK/dV 64 or 128)
 # Whether the seven-product dQ kernels work out those rows themselves (gluon_bwd.row_stats, before
 # their first tile) instead of reading what a preprocess launch wrote: one launch fewer per
-# backward, about 0.1 ms of the H200 machine's host time on a host-bound step (session 15's
-# profile: the preprocess's launch 80-100 µs of a 16-document step's 1.0-1.3 ms). Written and
-# compiled for sm_90 on the CPU in session 17, whose device time had run out before it could run:
-# off under auto until the H200 has run its GPU tests and timed it (probes/backward_ab.py; when
-# auto takes it, `flashtile info`'s line on the switch changes with it).
+# backward, for host-bound steps (session 15's profile: the preprocess's launch 80-100 µs of a
+# 16-document step's 1.0-1.3 ms). Under auto where dq_stats_measured_faster says.
 DQ_STATS_SWITCH = "FLASHTILE_GLUON_DQ_STATS"
-DQ_STATS_UNDER_AUTO = False
+DQ_STATS_UNDER_AUTO = True
+DQ_STATS_MAX_KEYS = 4096
+
+
+def dq_stats_measured_faster(seqlen_k: int, block_sparse: bool) -> bool:
+    """Where the dQ kernels' own row stats timed no slower than the preprocess launch on the H200
+    (session 18, torch 2.11, triton 3.6, bf16, 16k tokens, probes/backward_ab.py, median of 3
+    rounds; time with them over time without, CUDA-graph backward / eager forward + backward):
+    d64 causal 1k 0.972 / 0.905, d128 1k causal 0.999 / 0.968, non-causal 0.999 / 1.008, d128
+    causal 4k 0.994 / 0.972, d256 causal 1k 0.980 / 1.040; a causal mask of 16 documents at 16k
+    0.989 / 0.952, of 4 documents 1.018 / 0.997. At 16k keys dense the kernels alone ran 0.6-1.4%
+    slower (d64, d128 and d256 non-causal 1.014, 1.006, 1.008; d128 causal 1.008): the prologue
+    runs before the first tile with nothing beside it, where the preprocess streamed O and dO at
+    full bandwidth. So: dense calls up to DQ_STATS_MAX_KEYS keys, and block-sparse calls (whose
+    rows visit the tiles their mask lets through: the host-bound steps this was made for)."""
+    return block_sparse or seqlen_k <= DQ_STATS_MAX_KEYS
 
 # The five-product backward (gluon_bwd_fused.py), (BLOCK_M, BLOCK_N, stages): d128 the tiles of
 # the probe it came from (attempt 30; docs/performance.md); d64 128-row Q tiles, half the dQ
@@ -645,16 +657,18 @@ class _RowStats:
     def __init__(self, out, dout, lse, dlse, lse2, delta):
         self.out, self.dout, self.lse, self.dlse, self.lse2, self.delta = out, dout, lse, dlse, lse2, delta
 
-    def for_dq_kernel(self) -> tuple[tuple, dict]:
+    def for_dq_kernel(self, seqlen_k: int, block_sparse: bool) -> tuple[tuple, dict]:
         """The dQ kernels' arguments from LSE2 to head_dim and their ROW_STATS and HAS_DLSE. With
-        FLASHTILE_GLUON_DQ_STATS on (auto: DQ_STATS_UNDER_AUTO) the kernel works the rows out
+        FLASHTILE_GLUON_DQ_STATS on (auto: DQ_STATS_UNDER_AUTO where dq_stats_measured_faster for
+        the call's ``seqlen_k`` and ``block_sparse``) the kernel works the rows out
         (gluon_bwd.row_stats reads Out to head_dim); otherwise the preprocess writes them now,
         and Out to head_dim are Nones: each a constexpr None to Triton, so that kernel has the
         parameters and the binary it had before there was a choice, and its launch keys no more
         arguments."""
         choice = setting(name=DQ_STATS_SWITCH)
         lse2 = self.lse2
-        if not (choice == "1" or (choice == "auto" and DQ_STATS_UNDER_AUTO)):
+        under_auto = DQ_STATS_UNDER_AUTO and dq_stats_measured_faster(seqlen_k, block_sparse)
+        if not (choice == "1" or (choice == "auto" and under_auto)):
             self.preprocess()
             return (lse2, self.delta, lse2.stride(0), *_NO_ROW_STATS), _PREPROCESSED
         out, dout, lse, dlse = self.out, self.dout, self.lse, self.dlse
@@ -777,7 +791,7 @@ def _listed_backward(q, k, v, dout, stats, softmax_scale, dq, dk, dv, head_dim, 
     rows, keys = block_mask.backward_blocks
     (indices, partial, count, order, _), strides, _ = block_mask.lists("dq")
     num_m_blocks = triton.cdiv(seqlen_q, rows)
-    stats_args, stats_constexprs = stats.for_dq_kernel()
+    stats_args, stats_constexprs = stats.for_dq_kernel(seqlen_k, block_sparse=True)
     fast_launch.launch(
         gluon_bwd._dq_listed_kernel, (num_m_blocks * batch * heads_q,),
         tile(q, rows // 2), tile(dout, rows // 2), tile(k, keys), tile(v, keys), tile(dq, rows // 2), *stats_args,
@@ -810,7 +824,7 @@ def _seven_product_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk,
     group = heads_q // heads_kv
     block_m, block_n, stages = BWD_DQ[head_dim]
     num_m_blocks = triton.cdiv(seqlen_q, block_m)
-    stats_args, stats_constexprs = stats.for_dq_kernel()
+    stats_args, stats_constexprs = stats.for_dq_kernel(seqlen_k, block_sparse=False)
     fast_launch.launch(
         gluon_bwd._dq_kernel, (num_m_blocks * batch * heads_q,),
         tile(q, block_m // 2), tile(dout, block_m // 2), tile(k, block_n), tile(v, block_n), tile(dq, block_m // 2),
