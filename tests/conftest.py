@@ -18,6 +18,15 @@ if not HAS_CUDA:
 assert "triton" not in sys.modules or HAS_CUDA or os.environ.get("TRITON_INTERPRET") == "1", (
     "triton was imported before tests/conftest.py could set TRITON_INTERPRET=1"
 )
+if HAS_CUDA and os.environ.get("TRITON_INTERPRET", "0") == "0":
+    # On a GPU machine the kernels are decorated here, compiled: Triton decides at decoration
+    # whether a kernel runs compiled or interpreted. A test that sets TRITON_INTERPRET=1 for a
+    # moment (test_cli's info, errors_table's CPU rows) and happened to be the first to import
+    # them left every later test of its xdist worker running the interpreter on CUDA tensors
+    # (session 18: 36 of tests-c's failures, InterpreterErrors on CUDA tensors).
+    from flashtile.kernels import append, decode_launch, hopper, launch  # noqa: E402, F401
+
+    hopper._gluon()  # the Gluon modules, where this Triton has them
 
 import pytest  # noqa: E402
 

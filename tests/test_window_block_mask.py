@@ -41,9 +41,18 @@ def test_one_band_mask_mod_per_band():
         band_mask_mod(None, None)
 
 
+# The tests below run the Triton kernels on CPU tensors, in the interpreter, which conftest sets
+# only on CPU-only machines; on the H200 test_gpu_a_window_runs_on_the_block_sparse_gluon_kernels
+# runs the conversion for real.
+INTERPRETER_ONLY = "CPU tensors on the Triton backend run in the interpreter, set only on CPU-only machines"
+needs_the_interpreter = pytest.mark.skipif(HAS_CUDA, reason=INTERPRETER_ONLY)
+
+
 @pytest.fixture
 def band_blocks(monkeypatch):
     """The conversion forced on (as on sm_90), the Triton backend, and the block masks it built."""
+    if HAS_CUDA:
+        pytest.skip(INTERPRETER_ONLY)
     monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
     monkeypatch.setattr(hopper, "band_takes_block_sparse", lambda q, head_dim: True)
     monkeypatch.setattr(api, "_BAND_BLOCK_MASKS", {})
@@ -145,6 +154,7 @@ def test_what_is_not_a_plain_window_keeps_the_kernels_band_path(band_blocks, opt
     assert band_blocks and all(block is None for block in band_blocks)
 
 
+@needs_the_interpreter
 def test_without_the_gluon_kernels_a_window_keeps_the_band_path(monkeypatch):
     # the CPU here: band_takes_block_sparse says no (no sm_90), so nothing is built
     monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
