@@ -37,6 +37,10 @@
 #                                        # (Flex beside), then with every Gluon kernel off; ~350 s
 #   bash benchmarks/gpu_final.sh dq-stats   # the dQ kernels' own row stats (FLASHTILE_GLUON_DQ_STATS=1): the Gluon
 #                                        # backward's GPU tests with it on, then probes/backward_ab.py 0 vs 1; ~450 s
+#   bash benchmarks/gpu_final.sh tree-ab    # flashtile bench's 1k causal cells (d128, d256) of OLD_SRC and this tree,
+#                                        # alternating twice, FA2 beside: host-bound cells across trees; ~200 s
+#   bash benchmarks/gpu_final.sh timeline   # probes/step_timeline.py: each kernel of an eager document-mask step,
+#                                        # its start, length and the GPU's idle gap before it; ~60 s
 #   bash benchmarks/gpu_final.sh gluon-all  # every Gluon GPU test (grids, auto dispatch, CUDA graph), then the
 #                                        # d128 1k and 16k bench cells beside cuDNN with the Gluon backward forced
 #                                        # on; ~420 s (the sanitizer's Gluon section runs in `checks`)
@@ -292,6 +296,26 @@ case ${1:-tests} in
     cat "$OUT/gpu.txt"; grep -E "passed|failed|error" "$OUT/tests-dq-stats.log" | tail -12
     echo "== switch off"; grep -E "passed|failed|error" "$OUT/tests-dq-stats-off.log" | tail -6
     tail -16 "$OUT/backward-ab.log"; cat "$OUT/times.txt" ;;
+  tree-ab)
+    # Host-bound cells of two trees, alternating in one call (session 18: the 1k causal backward at
+    # d128 and d256 read 20-24% below session 16's while FA2 and cuDNN read as before): flashtile
+    # bench's 1k causal cells on OLD_SRC, this tree, OLD_SRC, this tree, FA2 beside; ~200 s.
+    [[ -n "${OLD_SRC:-}" ]] || { echo "tree-ab needs OLD_SRC (a src/ tree carried here)" >&2; exit 2; }
+    for round in 1 2; do
+      for tree in "$OLD_SRC" "$PWD/src"; do
+        echo "== round $round, PYTHONPATH=$tree" >> "$OUT/tree-ab.log"
+        step env PYTHONPATH="$tree" timeout 90 python3 -m flashtile bench --headdims 128 256 --seqlens 1k \
+          --causal yes --providers flashtile sdpa-flash >> "$OUT/tree-ab.log" 2>&1
+      done
+    done
+    grep -E "^== |│ *(128|256) " "$OUT/tree-ab.log"; cat "$OUT/times.txt" ;;
+  timeline)
+    # Where the GPU waits in an eager 16-document step (session 18: 0.69 ms of host, 0.75 ms of
+    # kernels in a graph, 1.11 ms eager): probes/step_timeline.py, 16 and 4 documents; ~60 s.
+    for docs in 16 4; do
+      step timeout 120 python3 benchmarks/probes/step_timeline.py --docs "$docs" >> "$OUT/timeline.log" 2>&1
+    done
+    grep -v "Warn\|warn" "$OUT/timeline.log"; cat "$OUT/times.txt" ;;
   gluon-all)
     # ~220 tests; session 9 ran the forward's part in 175 s and the backward's in 41 s on 8 workers.
     gluon_tests tests-gluon-all.log "${TEST_LIMIT:-300}" 300 tests/test_gluon.py -m gpu
