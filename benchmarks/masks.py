@@ -34,6 +34,16 @@ from flashtile.bench.environ import environment
 from flashtile.mask_mods import and_masks, causal_mask, document_mask
 
 
+def causal_documents(seqlen: int, docs: int, device, **tiles):
+    """The document rows' mask, which the probes time too: ``docs`` equal documents of a
+    ``seqlen``-long sequence, causal within each. Returns the document ids ((seqlen,) int32),
+    the mask_mod and its block mask over one batch and head, on create_block_mask's default
+    tiles unless ``tiles`` (block_m=, block_n=) say otherwise."""
+    ids = torch.arange(seqlen, device=device, dtype=torch.int32) // (seqlen // docs)
+    mask = and_masks(causal_mask(), document_mask(ids))
+    return ids, mask, flashtile.create_block_mask(mask, 1, 1, seqlen, seqlen, device=device, **tiles)
+
+
 def triton_kernels_only():
     """The Triton kernels for plain attention too (the Gluon switches off) inside the block."""
     return environment({"FLASHTILE_GLUON": "0", "FLASHTILE_GLUON_BWD": "0"})
@@ -110,9 +120,7 @@ def main():
     rows.append(("mask_mod causal, by default", None,
                  time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal), q, k, v), None))
     for docs in args.docs:
-        ids = torch.arange(n, device=device, dtype=torch.int32) // (n // docs)
-        mask = and_masks(causal, document_mask(ids))
-        bm = flashtile.create_block_mask(mask, 1, 1, n, n, device=device)
+        ids, mask, bm = causal_documents(n, docs, device)
         rows.append((f"document mask ({docs} docs)", bm.visited_fraction,
                      time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm), q, k, v),
                      ids))

@@ -34,10 +34,10 @@ import torch
 from triton.testing import do_bench
 
 import flashtile
-from flashtile.mask_mods import and_masks, causal_mask, document_mask
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from launch_overhead import graph_ms  # noqa: E402  (a CUDA graph's replay, warmed up on a side stream)
+from masks import causal_documents  # noqa: E402
 
 
 def make_cell(spec: str):
@@ -51,10 +51,8 @@ def make_cell(spec: str):
     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     if causal is None:
-        ids = torch.arange(seqlen, device="cuda", dtype=torch.int32) // (seqlen // docs)
-        mask = and_masks(causal_mask(), document_mask(ids))
-        options = {"mask_mod": mask,
-                   "block_mask": flashtile.create_block_mask(mask, 1, 1, seqlen, seqlen, device="cuda")}
+        _, mask, block_mask = causal_documents(seqlen, docs, "cuda")
+        options = {"mask_mod": mask, "block_mask": block_mask}
     else:
         options = {"causal": causal}
     return q, k, v, torch.randn_like(q), options

@@ -15,13 +15,17 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
+import sys
 import time
 
 import torch
 
 import flashtile
-from flashtile.mask_mods import and_masks, causal_mask, document_mask
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from masks import causal_documents  # noqa: E402
 
 
 def main():
@@ -37,9 +41,7 @@ def main():
 
     masking = {"causal": True}
     if args.docs:
-        ids = torch.arange(args.seqlen, device="cuda", dtype=torch.int32) // (args.seqlen // args.docs)
-        mask = and_masks(causal_mask(), document_mask(ids))
-        block_mask = flashtile.create_block_mask(mask, 1, 1, args.seqlen, args.seqlen, device="cuda", block_n=128)
+        _, mask, block_mask = causal_documents(args.seqlen, args.docs, "cuda", block_n=128)
         masking = {"mask_mod": mask, "block_mask": block_mask}
 
     def forward():

@@ -35,7 +35,9 @@ if not torch.cuda.is_available():
 import flashtile  # noqa: E402
 from flashtile import api, ops  # noqa: E402
 from flashtile.kernels import fast_launch, hopper, launch  # noqa: E402
-from flashtile.mask_mods import and_masks, causal_mask, document_mask  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from masks import causal_documents  # noqa: E402
 
 _TIMES: dict = collections.defaultdict(float)
 
@@ -100,9 +102,7 @@ def main() -> None:
     dout = torch.randn_like(q)
     masking = {"causal": True}
     if args.docs:
-        ids = torch.arange(args.seqlen, device=device, dtype=torch.int32) // (args.seqlen // args.docs)
-        mask = and_masks(causal_mask(), document_mask(ids))
-        block_mask = flashtile.create_block_mask(mask, 1, 1, args.seqlen, args.seqlen, device=device, block_n=128)
+        _, mask, block_mask = causal_documents(args.seqlen, args.docs, device, block_n=128)
         masking = {"mask_mod": mask, "block_mask": block_mask}
 
     def step():

@@ -18,10 +18,10 @@ import torch
 
 import flashtile
 from flashtile.bench.environ import environment
-from flashtile.mask_mods import and_masks, causal_mask, document_mask
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from launch_overhead import report  # noqa: E402
+from masks import causal_documents  # noqa: E402
 
 
 def main() -> None:
@@ -34,9 +34,7 @@ def main() -> None:
     dout = torch.randn(1, n, 16, 128, device=device, dtype=torch.bfloat16)
     print(f"N={n}, heads 16, d128, bf16; ms: host per call, eager GPU, CUDA graph", flush=True)
     for docs in args.docs:
-        ids = torch.arange(n, device=device, dtype=torch.int32) // (n // docs)
-        mask = and_masks(causal_mask(), document_mask(ids))
-        bm = flashtile.create_block_mask(mask, 1, 1, n, n, device=device, block_n=128)
+        _, mask, bm = causal_documents(n, docs, device, block_n=128)
 
         def forward():
             return flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm)

@@ -17,13 +17,17 @@ profiler's runtime events), so a gap can be read as "launched late" or "queued b
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import flashtile
-from flashtile.mask_mods import and_masks, causal_mask, document_mask
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from masks import causal_documents  # noqa: E402
 
 
 def make_step(args):
@@ -31,10 +35,8 @@ def make_step(args):
     q, k, v = (torch.randn(1, n, 16, 128, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     dout = torch.randn_like(q)
     if args.docs:
-        ids = torch.arange(n, device=device, dtype=torch.int32) // (n // args.docs)
-        mask = and_masks(causal_mask(), document_mask(ids))
-        options = {"mask_mod": mask, "block_mask": flashtile.create_block_mask(mask, 1, 1, n, n, device=device,
-                                                                              block_n=128)}
+        _, mask, block_mask = causal_documents(n, args.docs, device, block_n=128)
+        options = {"mask_mod": mask, "block_mask": block_mask}
     else:
         options = {"causal": args.causal}
 

@@ -32,10 +32,10 @@ import triton.backends.nvidia.driver as nvidia_driver
 
 import flashtile
 from flashtile.kernels import fast_launch
-from flashtile.mask_mods import and_masks, causal_mask, document_mask
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from launch_overhead import host_ms_per_call, median_ms  # noqa: E402
+from masks import causal_documents  # noqa: E402
 
 _ENCODE = nvidia_driver.make_tensordesc_arg
 _MAPS: dict = {}
@@ -70,9 +70,7 @@ def main() -> None:
     n, device = args.seqlen, torch.device("cuda")
     q, k, v = (torch.randn(1, n, 16, 128, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     dout = torch.randn_like(q)
-    ids = torch.arange(n, device=device, dtype=torch.int32) // (n // args.docs)
-    mask = and_masks(causal_mask(), document_mask(ids))
-    bm = flashtile.create_block_mask(mask, 1, 1, n, n, device=device, block_n=128)
+    _, mask, bm = causal_documents(n, args.docs, device, block_n=128)
 
     def forward():
         return flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm)
