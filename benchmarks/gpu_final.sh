@@ -23,6 +23,8 @@
 #                                        # its GPU tests and the seven-product ones, probes/fused_bwd.py,
 #                                        # flashtile bench d128 (fused forced) beside cuDNN and FA2, then
 #                                        # racecheck of the fused kernel; ~450 s
+#   bash benchmarks/gpu_final.sh fused36    # the same under the image's Triton 3.6, the reduction a TMA store
+#                                        # rewritten in the PTX (kernels/tma_reduce_ptx.py); ~450 s
 #   bash benchmarks/gpu_final.sh fast-launch  # probes/fast_launch.py (host time, compiled-kernel path on/off),
 #                                        # the whole speed grid with Flex, the d40 padded rows; ~400 s
 #   bash benchmarks/gpu_final.sh launch39   # under Triton 3.9 (carried as for fused39): Gluon backward GPU tests,
@@ -232,12 +234,15 @@ case ${1:-tests} in
     gluon_tests tests-padded.log "${TEST_LIMIT:-120}" 100 tests/test_gluon.py -m gpu -k "d40 or d96 or d192"
     step timeout 150 python3 benchmarks/probes/padded_head_dims.py > "$OUT/padded.log" 2>&1
     tail -2 "$OUT/tests-padded.log"; grep -v "Warn" "$OUT/padded.log"; cat "$OUT/times.txt" ;;
-  fused39)
-    # gluon_bwd_fused.py needs Triton 3.8+ (TMA reductions); the image has 3.6, so 3.9 comes in
-    # parts (tools/triton_parts.sh). Flex is left out of the bench: torch.compile is not
-    # expected to work with a Triton newer than torch's own.
-    version=${TRITON_VERSION:-3.9.0}
-    use_carried_triton "$version"
+  fused39|fused36)
+    # gluon_bwd_fused.py adds dQ by TMA reductions: Gluon's own from Triton 3.8 (fused39: 3.9 comes
+    # in parts, tools/triton_parts.sh), or under the image's 3.6 a TMA store that
+    # tma_reduce_ptx.py rewrites into one (fused36). Flex is left out of the bench: torch.compile
+    # is not expected to work with a Triton newer than torch's own.
+    if [[ $1 == fused39 ]]; then
+      version=${TRITON_VERSION:-3.9.0}
+      use_carried_triton "$version"
+    fi
     gluon_tests tests-fused.log "${TEST_LIMIT:-170}" 150 tests/test_gluon.py -m gpu -k "$FUSED_SELECTION"
     step timeout 150 python3 benchmarks/probes/fused_bwd.py --api > "$OUT/fused-probe.log" 2>&1
     # The bench with the fused kernel forced (auto leaves it off until hopper.FUSED_UNDER_AUTO),

@@ -41,6 +41,10 @@ class _FakeJit:
             return self.compiled
         return run
 
+    def warmup(self, *args, grid, **constexprs):  # the binary, built without a launch
+        self.calls.append(("warmup", grid, args, constexprs))
+        return self.compiled
+
 
 @dataclass
 class _FakeDescriptor:
@@ -125,6 +129,28 @@ def test_none_is_keyed_as_triton_reads_it(kernel):
     for _ in range(2):  # (None, e.g. an absent descriptor, is a constexpr None to Triton)
         fast_launch.launch(kernel, (1,), None, 1, 1.0, BLOCK=16)
     assert _paths(kernel) == ["jit", "compiled"]
+
+
+def test_a_check_sees_each_binary_before_its_first_launch_and_can_stop_it(kernel):
+    # (tma_reduce_ptx.check: a binary whose PTX rewrite did not take must never run)
+    seen = []
+    x = torch.randn(64)
+    for _ in range(2):
+        fast_launch.launch(kernel, (2,), x, 100, 0.5, BLOCK=64, check=seen.append)
+    assert _paths(kernel) == ["warmup", "jit", "compiled"] and seen == [kernel.compiled]
+    assert kernel.calls[0][1:] == ((2,), (x, 100, 0.5), {"BLOCK": 64})  # the launch's own arguments
+
+    def refuse(compiled):
+        raise RuntimeError("this binary must not run")
+
+    kernel.calls.clear()
+    with pytest.raises(RuntimeError, match="must not run"):  # a new key (BLOCK): checked, refused
+        fast_launch.launch(kernel, (2,), x, 100, 0.5, BLOCK=32, check=refuse)
+    assert _paths(kernel) == ["warmup"]  # built, never launched
+    fast_launch.ENABLED = False  # Triton's path on every call: checked on every call (monkeypatch restores it)
+    with pytest.raises(RuntimeError, match="must not run"):
+        fast_launch.launch(kernel, (2,), x, 100, 0.5, BLOCK=64, check=refuse)
+    assert _paths(kernel) == ["warmup", "warmup"]
 
 
 def test_what_triton_did_not_compile_is_not_kept(kernel):

@@ -12,6 +12,7 @@ the Triton backward on the Gluon forward's LSE, the backward's grid the Triton f
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -211,13 +212,19 @@ def test_a_descriptor_from_the_cache_equals_a_newly_checked_one_and_the_cache_ke
 
 
 class _RecordLaunch:
-    """kernel[grid](*args, **constexprs) that records what it was given instead of launching."""
+    """kernel[grid](*args, **constexprs) that records what it was given instead of launching;
+    ``warmup`` (a binary built for a check before the launch) records "warmup" and returns a
+    binary whose PTX is ``ptx``."""
 
-    def __init__(self, launches: list, name: str):
-        self.launches, self.name = launches, name
+    def __init__(self, launches: list, name: str, ptx: str = ""):
+        self.launches, self.name, self.ptx = launches, name, ptx
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launches.append((self.name, grid, args, kwargs))
+
+    def warmup(self, *args, grid, **kwargs):
+        self.launches.append(("warmup", grid, args, kwargs))
+        return SimpleNamespace(asm={"ptx": self.ptx})
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
@@ -305,17 +312,27 @@ def test_under_auto_the_dq_kernel_writes_the_row_stats_up_to_the_measured_length
     assert launches[-2][3]["ROW_STATS"] == in_dq_kernel
 
 
-@pytest.mark.skipif(not HAS_TMA_REDUCE, reason="this Triton's Gluon has no TMA reductions (3.8+)")
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+@pytest.mark.parametrize("reduction", ["gluon", "ptx"])
 @pytest.mark.parametrize("head_dim", [64, 128, 40, 96])
-def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(monkeypatch, head_dim):
+def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(monkeypatch, head_dim, reduction):
     # The host side of gluon_bwd_fused.py's backward, kernels stubbed: Q-side and key tiles as
     # its constexprs say, the float32 dQ sum zeroed, (B·Hq·S_pad, width) with boxes of half the
-    # width, and the conversion reading it back into dq.
+    # width, and the conversion reading it back into dq. "ptx": a Triton whose Gluon lacks TMA
+    # reductions (3.6, 3.7): the kernel is told to store, the rewrite is installed, and the
+    # binary is checked before the launch.
+    from flashtile.kernels import tma_reduce_ptx
+
+    if reduction == "gluon" and not HAS_TMA_REDUCE:
+        pytest.skip("this Triton's Gluon has no TMA reductions (3.8+)")
+    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", reduction == "gluon")
+    monkeypatch.setattr(triton.knobs.runtime, "add_stages_inspection_hook", None)  # (restored afterwards)
+    monkeypatch.setattr(tma_reduce_ptx, "_installed", None)
     gluon_bwd_fused = hopper._fused_module()
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
     launches = []
     for name in ("_dkdv_dq_kernel", "_dq_convert"):
-        monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name))
+        monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name, tma_reduce_ptx.REDUCE))
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = 2, 6, 2, 300, 333
     q, dout, dq, out = (torch.randn(batch, heads_q, seqlen_q, head_dim, dtype=torch.bfloat16) for _ in range(4))
     k, v, dk, dv = (torch.randn(batch, heads_kv, seqlen_k, head_dim, dtype=torch.bfloat16) for _ in range(4))
@@ -329,9 +346,16 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     (_, stats), *launches = launches
     lse2, delta = stats.lse2, stats.delta
     assert lse2.shape == delta.shape == (batch * heads_q, s_pad) and stats.out is out and stats.lse is lse
+    if reduction == "ptx":  # the binary built and checked first, with the kernel's own arguments
+        (_, warm_grid, warm_args, warm_const), *launches = launches
+        assert warm_grid == launches[0][1] and warm_args == launches[0][2] and warm_const == launches[0][3]
+        assert triton.knobs.runtime.add_stages_inspection_hook is tma_reduce_ptx._installed is not None
+    else:
+        assert triton.knobs.runtime.add_stages_inspection_hook is None  # nothing installed
     assert [name for name, *_ in launches] == ["_dkdv_dq_kernel", "_dq_convert"]
     (_, grid, args, const), (_, grid_convert, args_convert, const_convert) = launches
     assert const["HEAD_DIM"] == const_convert["HEAD_DIM"] == width and const["CAUSAL"]
+    assert const["REDUCE_BY_PTX"] == (reduction == "ptx")
     m, n = const["BLOCK_M"], const["BLOCK_N"]
     q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, sum_desc = args[:9]
     assert [d.base for d in (q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc)] == [q, dout, k, v, dk, dv]
@@ -354,12 +378,17 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     assert grid_convert == (batch * heads_q, triton.cdiv(seqlen_q, const_convert["BLOCK"]))
 
 
-@pytest.mark.skipif(not HAS_TMA_REDUCE, reason="this Triton's Gluon has no TMA reductions (3.8+)")
-def test_a_fused_backward_that_fails_to_build_falls_back_under_auto_and_is_an_error_under_1(monkeypatch):
-    # Kernels stubbed; the fused one raises what a Gluon API that moved raises (AttributeError).
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+@pytest.mark.parametrize("failure", ["build", "store-left"])
+def test_a_fused_backward_that_fails_to_build_falls_back_under_auto_and_is_an_error_under_1(monkeypatch, failure):
+    # Kernels stubbed. "build": the fused one raises what a Gluon API that moved raises
+    # (AttributeError). "store-left": before Triton 3.8, its binary still stores dQ where the PTX
+    # rewrite should have made it add (tma_reduce_ptx.check), caught before any launch.
     # auto: one warning, the seven-product kernels run, and only the fused kernel is remembered
     # as broken. =1: an error of its own type, which hopper.falls_back (the whole Gluon
     # backward's fallback to Triton under FLASHTILE_GLUON_BWD=auto) does not swallow.
+    from flashtile.kernels import tma_reduce_ptx
+
     gluon_bwd_fused, (_, _, _, gluon_bwd, _) = hopper._fused_module(), hopper._gluon()
 
     class _Broken:
@@ -369,7 +398,19 @@ def test_a_fused_backward_that_fails_to_build_falls_back_under_auto_and_is_an_er
             return launch
 
     launches = []
-    monkeypatch.setattr(gluon_bwd_fused, "_dkdv_dq_kernel", _Broken())
+    if failure == "build":
+        if not HAS_TMA_REDUCE:
+            pytest.skip("this Triton's Gluon has no TMA reductions (3.8+)")
+        monkeypatch.setattr(gluon_bwd_fused, "_dkdv_dq_kernel", _Broken())
+        message = "AttributeError"
+    else:
+        monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", False)
+        monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", True)
+        monkeypatch.setattr(triton.knobs.runtime, "add_stages_inspection_hook", None)  # (restored afterwards)
+        monkeypatch.setattr(tma_reduce_ptx, "_installed", None)
+        monkeypatch.setattr(gluon_bwd_fused, "_dkdv_dq_kernel",
+                            _RecordLaunch(launches, "_dkdv_dq_kernel", ptx=tma_reduce_ptx.STORE))
+        message = "ReductionRewriteError"
     for name in ("_dkdv_kernel", "_dq_kernel"):
         monkeypatch.setattr(gluon_bwd, name, _RecordLaunch(launches, name))
     monkeypatch.setattr(hopper, "_FUSED_FAILED", set())
@@ -382,18 +423,21 @@ def test_a_fused_backward_that_fails_to_build_falls_back_under_auto_and_is_an_er
     def run():
         hopper.backward(q, k, v, out, dout, lse, None, 128 ** -0.5, False, dq, dk, dv)
 
+    def launched():  # (the check's build is not a launch)
+        return [name for name, *_ in launches if name != "warmup"]
+
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
-    with pytest.raises(hopper.FusedBackwardError, match="FLASHTILE_GLUON_BWD_FUSED=1: .*AttributeError") as caught:
+    with pytest.raises(hopper.FusedBackwardError, match=f"FLASHTILE_GLUON_BWD_FUSED=1: .*{message}") as caught:
         run()
     assert not hopper.falls_back(caught.value, q, backward=True, causal=False)
-    assert launches == [] and hopper._FUSED_FAILED == set()
+    assert launched() == [] and hopper._FUSED_FAILED == set()
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "auto")
     with pytest.warns(RuntimeWarning, match="five-product Gluon backward .* failed to build"):
         run()
-    assert [name for name, *_ in launches] == ["_dq_kernel", "_dkdv_kernel"]
+    assert launched() == ["_dq_kernel", "_dkdv_kernel"]
     assert hopper._FUSED_FAILED == {(128, torch.bfloat16, False)}
     run()  # remembered: straight to the seven-product kernels, no second warning
-    assert len(launches) == 4
+    assert len(launched()) == 4
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
@@ -424,12 +468,17 @@ def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_sam
     assert not takes(head_dim=256)
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "0")
     assert not takes()
-    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", False)  # Triton 3.6 or 3.7
+    # Triton 3.6 or 3.7: the reduction a TMA store rewritten in the PTX, under auto only where
+    # PTX_REDUCE_UNDER_AUTO (then as measured), and wherever it runs under 1
+    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", False)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD_FUSED")
+    monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", False)
     assert not takes()
+    monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", True)
+    assert takes() and not takes(seqlen_k=4096, causal=True) and not takes(deterministic=True)
+    monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", False)
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
-    with pytest.raises(RuntimeError, match=r"FLASHTILE_GLUON_BWD_FUSED=1: .*Triton 3\.8"):
-        takes()
+    assert takes() and takes(head_dim=64, seqlen_k=1024, causal=True) and not takes(deterministic=True)
 
 
 def test_deterministic_reaches_the_backward_op(monkeypatch):
@@ -689,8 +738,6 @@ def test_gpu_gluon_backward_grid(gluon_backward_calls, dtype, headdim, seqlens, 
 def test_gpu_gluon_backward_with_an_lse_gradient_and_groups_of_three(request, kernels, causal, head_dim):
     # A loss on the LSE shifts D by its gradient (bwd.py's preprocess); 6 query heads share 2 K/V heads.
     # "seven": gluon_bwd's two kernels (gluon_bwd_wide's dK/dV at d256); "fused": gluon_bwd_fused's.
-    if kernels == "fused" and not HAS_TMA_REDUCE:
-        pytest.skip("the five-product backward needs Triton 3.8+ (TMA reductions)")
     gluon_backward_calls = request.getfixturevalue("fused_backward_calls" if kernels == "fused"
                                                    else "gluon_backward_calls")
     q = torch.randn(2, 300, 6, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -733,11 +780,11 @@ def test_gpu_gluon_backward_gives_the_same_bits_every_time(gluon_backward_calls,
     assert len(gluon_backward_calls) == 11
 
 
-# The five-product backward (gluon_bwd_fused.py, Triton 3.8+): every head dim it covers, both
+# The five-product backward (gluon_bwd_fused.py; before Triton 3.8 its reduction is the PTX rewrite
+# of tma_reduce_ptx.py, forced here by FLASHTILE_GLUON_BWD_FUSED=1): every head dim it covers, both
 # dtypes, the GRID's lengths and GQA ratios; padded head dims (40, 96) on the next width.
 FUSED_GRID = [case for case in GRID if case[1] in (64, 128, 40, 96)]
-NEEDS_FUSED = pytest.mark.skipif(not (ON_HOPPER and HAS_TMA_REDUCE),
-                                 reason="the five-product backward needs sm_90 and Triton 3.8+ (TMA reductions)")
+NEEDS_FUSED = pytest.mark.skipif(not ON_HOPPER, reason="the five-product backward is built for sm_90")
 
 
 @pytest.mark.gpu
@@ -775,11 +822,11 @@ def test_gpu_a_deterministic_call_keeps_to_the_seven_product_kernels(fused_backw
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 def test_flashtile_info_says_whether_the_fused_backward_can_run(monkeypatch):
     # availability() on an sm_90 GPU (faked): its reason names the five-product backward's switch
-    # where this Triton has TMA reductions, and the version it needs where it has not.
+    # where this Triton has TMA reductions, and the PTX rewrite that stands in where it has not.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(hopper, "_unsupported", lambda index: None)
-    for has_reduce, words in ((True, "FLASHTILE_GLUON_BWD_FUSED"), (False, "needs 3.8+")):
+    for has_reduce, words in ((True, "FLASHTILE_GLUON_BWD_FUSED"), (False, "rewritten in the PTX")):
         monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", has_reduce)
         available, why = hopper.availability()
         assert available and words in why, why

@@ -112,6 +112,11 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
         from flashtile.kernels import hopper
 
         constexprs.update(dict.fromkeys(hopper.ROW_STATS_PARAMS))
+    by_ptx = constexprs.get("REDUCE_BY_PTX", False)
+    if by_ptx:  # its TMA store becomes the reduction as the PTX is made, as at a launch
+        from flashtile.kernels import tma_reduce_ptx
+
+        tma_reduce_ptx.install()
     element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
 
     def descriptor(rows):
@@ -138,7 +143,10 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
     src = GluonASTSource(fn=kernel, signature=signature,
                          constexprs={(params.index(k),): v for k, v in constexprs.items()},
                          attrs={(params.index(p),): [["tt.divisibility", 16]] for p in divisible})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+    if by_ptx:
+        tma_reduce_ptx.check(compiled)  # the rewrite took: the reduction there, no 2-D store left
+    return compiled
 
 
 def gluon_variants(quick: bool):
@@ -180,16 +188,22 @@ def gluon_variants(quick: bool):
         yield (f"gluon dq d=256 {mode} {dtype} s{dq_stages}", gluon_bwd._dq_kernel,
                dict(HEAD_DIM=256, BLOCK_M=dq_m, BLOCK_N=dq_n, NUM_STAGES=dq_stages, CAUSAL=causal, DTYPE=dtype,
                     ROW_STATS=True, HAS_DLSE=not causal, Q_ROWS=dq_m // 2, KV_ROWS=dq_n, **regs), 4)
-    if not hopper._gluon_common().HAS_TMA_REDUCE:  # the five-product backward needs Triton 3.8+
-        print(f"skip gluon fused backward: triton {triton.__version__}'s Gluon has no TMA reductions")
-        return
-    for d, causal, dtype in [(128, True, "bf16")] if quick else [(128, True, "bf16"), (128, False, "fp16"),
-                                                                    (64, True, "bf16"), (64, False, "bf16")]:
+    # The five-product backward: with Gluon's TMA reduction (Triton 3.8+), and as the TMA store
+    # that tma_reduce_ptx.py rewrites into it (what runs before 3.8; here under any Triton, so that
+    # CI's ptxas assembles the rewritten instruction too).
+    native = hopper._gluon_common().HAS_TMA_REDUCE
+    quick_cases = [(128, True, "bf16", False), (64, False, "bf16", True)]
+    cases = quick_cases if quick else [(128, True, "bf16", False), (128, False, "fp16", False),
+                                       (64, True, "bf16", False), (64, False, "bf16", False),
+                                       (128, False, "bf16", True), (64, True, "fp16", True)]
+    for d, causal, dtype, by_ptx in cases:
+        by_ptx = by_ptx or not native
         m, n, stages = hopper.BWD_FUSED[d]
-        yield (f"gluon fused dkdv+dq d={d} {'causal' if causal else 'full'} {dtype} s{stages}",
+        yield (f"gluon fused dkdv+dq d={d} {'causal' if causal else 'full'} {dtype} s{stages}"
+               f"{' ptx-reduce' if by_ptx else ''}",
                hopper._fused_module()._dkdv_dq_kernel,
-               dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, DTYPE=dtype, Q_ROWS=m,
-                    KV_ROWS=n // 2, **regs), 4)
+               dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, REDUCE_BY_PTX=by_ptx,
+                    DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2, **regs), 4)
 
 
 def listed_variants(gluon_fwd, quick: bool, regs: dict):

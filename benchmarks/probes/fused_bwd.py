@@ -1,5 +1,6 @@
-"""The five-product Gluon backward (gluon_bwd_fused.py) against the seven-product one, on an H100/H200
-with Triton 3.8+, to place kernels/hopper.py's fused_measured_faster rule.
+"""The five-product Gluon backward (gluon_bwd_fused.py) against the seven-product one, on an H100/H200,
+to place kernels/hopper.py's fused_measured_faster rule (before Triton 3.8 its dQ reduction is
+tma_reduce_ptx.py's rewrite of a TMA store).
 
     python benchmarks/probes/fused_bwd.py [--headdims 128 64] [--seqlens 1024 2048 4096 8192 16384]
     python benchmarks/probes/fused_bwd.py --headdims 64 --tiles 64,128,2 64,128,3 128,128,2   # a tile sweep
@@ -58,8 +59,8 @@ def main():
     args = parser.parse_args()
     os.environ["FLASHTILE_GLUON_BWD"] = "1"
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
-    if not hopper._gluon_common().HAS_TMA_REDUCE:
-        sys.exit("this Triton's Gluon has no TMA reductions (3.8+): no fused backward to time")
+    if not hopper._gluon_common().HAS_TMA_REDUCE:  # the reduction a TMA store rewritten in the PTX
+        print("this Triton's Gluon has no TMA reductions (3.8+): the fused kernel's is tma_reduce_ptx.py's rewrite")
     calls = []
     fused = hopper._fused_backward
     hopper._fused_backward = lambda *a, **kw: (calls.append(1), fused(*a, **kw))[1]

@@ -6,7 +6,8 @@ causal or not, and a check that the chosen Gluon kernels ran.
 
 The default (head dim 256) is gluon_bwd_wide's dK/dV kernel and the dQ kernel at 32-key tiles
 (session 11, as sanitize_d256.py); ``--fused`` forces gluon_bwd_fused.py's five-product kernel
-(Triton 3.8+; head dim 64 or 128), whose warpgroups share K's buffer and the dS buffers.
+(head dim 64 or 128; before Triton 3.8 its reduction is tma_reduce_ptx.py's rewrite), whose warpgroups
+share K's buffer and the dS buffers.
 """
 
 import argparse

@@ -139,13 +139,17 @@ def _fills_every_parameter(kernel, positional: int, constexprs: dict) -> bool:
                for name, default in _parameters(kernel)[positional:])
 
 
-def launch(kernel, grid: tuple, *args, **constexprs) -> None:
+def launch(kernel, grid: tuple, *args, check=None, **constexprs) -> None:
     """``kernel[grid](*args, **constexprs)``, through the compiled kernel once Triton has built it
     for an equal key. ``grid``: a tuple of 1 to 3 ints; ``constexprs``: the parameters after
-    ``args``, by name (constexprs, num_warps), with ints, bools or strings as values."""
+    ``args``, by name (constexprs, num_warps), with ints, bools or strings as values. ``check``:
+    a function of the CompiledKernel that raises if the binary must not run; a binary is
+    checked before its first launch (built first with ``warmup``), and then kept."""
     # Only a plain JITFunction's compiled kernel is kept: not the interpreter's functions (the CPU
     # suite's launches, which would only pay for a key) nor a heuristics/autotune wrapper.
     if not ENABLED or JITFunction is None or not isinstance(kernel, JITFunction):
+        if check is not None:  # (no binary is kept here: each launch is checked)
+            check(_built(kernel, grid, args, constexprs))
         kernel[grid](*args, **constexprs)
         return
     # (Before CUDA's first use, e.g. on a machine without a GPU where tests stub the kernels, no
@@ -167,6 +171,8 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
             if _launch_hooks():  # a hook's own error may come after the launch: never launch twice
                 raise
             _give_up(error)
+    if check is not None:
+        check(_built(kernel, grid, args, constexprs))
     result = kernel[grid](*args, **constexprs)
     if hasattr(result, "result"):  # a Triton that compiles asynchronously returns a future
         result = result.result()
@@ -174,6 +180,13 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
         if len(_COMPILED) >= _COMPILED_MAX:
             _COMPILED.clear()
         _COMPILED[key] = result
+
+
+def _built(kernel, grid: tuple, args: tuple, constexprs: dict):
+    """The CompiledKernel that ``kernel[grid](*args, **constexprs)`` would launch, built (or found
+    in Triton's caches) without launching it."""
+    compiled = kernel.warmup(*args, grid=grid, **constexprs)
+    return compiled.result() if hasattr(compiled, "result") else compiled  # (an asynchronous build's future)
 
 
 def _launch_hooks() -> bool:

@@ -5,7 +5,8 @@ gluon_bwd.py's backward runs two kernels with seven products per (Q tile, key ti
 the way further (FlashAttention-3's): one kernel computes dK and dV as gluon_bwd's does and
 also each Q tile's share of dQ from the same dS, adding it into a float32 sum by a TMA bulk
 reduction. Gluon has that reduction (``tma.async_atomic_add``) from Triton 3.8 on; with an older
-Triton, kernels/hopper.py keeps to the seven-product kernels.
+Triton the kernel issues a TMA store of the same box, which tma_reduce_ptx.py rewrites into the
+reduction in the PTX (gluon_common.tma_reduce_add).
 
 Per CTA (128 keys of one kv head): two consumer warpgroups of 64 keys each and one loader warp
 (gluon_bwd's ``_dkdv_loader``: K and V halves once, then (Q, lse2) and (dO, Delta) tiles of
@@ -48,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .gluon_bwd import _dkdv_loader, _dkdv_tile, store_dkdv
 from .gluon_common import (accumulator_layout, init_q_ring_barriers, key_tile_of_program, partition_barrier,
-                           q_ring_barriers, q_ring_buffers)
+                           q_ring_barriers, q_ring_buffers, tma_reduce_add)
 
 
 @gluon.jit
@@ -57,7 +58,7 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
                     batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad,
                     qk_scale, softmax_scale,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                    CAUSAL: gl.constexpr):
+                    CAUSAL: gl.constexpr, REDUCE_BY_PTX: gl.constexpr):
     """One warpgroup: dK, dV of keys [n_start + half·HALF_N, +HALF_N); dQ columns
     [half·HEAD_DIM/2, +HEAD_DIM/2) of every streamed Q tile over the CTA's 2·HALF_N keys, staged
     in ``dq_stage`` (BLOCK_M × HEAD_DIM/2 float32, this warpgroup's) and added through
@@ -125,7 +126,7 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
         fence_async_shared()
         partition_barrier()
         row = (batch * heads_q + head_kv * group_size + g) * s_pad + m_start
-        tma.async_atomic_add(dq_acc_desc, [row, half * HALF_D], dq_stage)
+        tma_reduce_add(dq_acc_desc, [row, half * HALF_D], dq_stage, REDUCE_BY_PTX)
 
     # dK is staged in this warpgroup's K half, which the other warpgroup's dQ products read too:
     # meet once more (the ds_full barrier's next phase) so that its last one has retired first.
@@ -144,10 +145,13 @@ def _dkdv_dq_kernel(
     heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad, qk_scale, softmax_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    REDUCE_BY_PTX: gl.constexpr = False,
 ):
     """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile of one kv head, and its share of dQ added
     into the float32 sum behind ``dq_acc_desc`` ((B·Hq·S_pad, HEAD_DIM), zeroed, boxes of
-    (BLOCK_M, HEAD_DIM / 2)). Grid and the other descriptors as gluon_bwd._dkdv_kernel's."""
+    (BLOCK_M, HEAD_DIM / 2)). Grid and the other descriptors as gluon_bwd._dkdv_kernel's.
+    ``REDUCE_BY_PTX``: the reduction issued as a TMA store for tma_reduce_ptx.py to rewrite
+    (a Triton whose Gluon lacks it; gluon_common.tma_reduce_add)."""
     gl.static_assert(num_warps == 4)
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = q_desc.dtype
@@ -172,11 +176,11 @@ def _dkdv_dq_kernel(
         (_fused_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage.index(0),
                            kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, batch, head_kv,
                            n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
-                           softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL)),
+                           softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX)),
         (_fused_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage.index(1),
                            kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, batch, head_kv,
                            n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
-                           softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL)),
+                           softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX)),
         (_dkdv_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                         lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty, batch, head_kv, n_start, heads_q,
                         group_size, first_tile, n_q_tiles, n_q_blocks, HALF_N, BLOCK_M, NUM_STAGES)),

@@ -23,8 +23,22 @@ else:
 partition_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 
 # TMA bulk reductions into global memory (cp.reduce.async.bulk.tensor): Gluon has them from
-# Triton 3.8 on; gluon_bwd_fused.py adds dQ with them.
+# Triton 3.8 on; gluon_bwd_fused.py adds dQ with them (tma_reduce_add).
 HAS_TMA_REDUCE = hasattr(tma, "async_atomic_add")
+# (Gluon's reduction, or a stand-in that BY_PTX never reaches: Triton reads every name a kernel
+# uses when it first builds it, the untaken branch's too.)
+_tma_atomic_add = tma.async_atomic_add if HAS_TMA_REDUCE else tma_store
+
+
+@gluon.jit
+def tma_reduce_add(desc, coords, smem, BY_PTX: gl.constexpr):
+    """Add the shared-memory box ``smem`` into ``desc``'s tensor at ``coords`` with a TMA bulk
+    reduction. ``BY_PTX`` (a Triton whose Gluon lacks the reduction): issue a TMA store of the
+    box, which tma_reduce_ptx.py's compile stage rewrites into the reduction."""
+    if BY_PTX:
+        tma_store(desc, coords, smem)
+    else:
+        _tma_atomic_add(desc, coords, smem)
 
 
 @gluon.constexpr_function

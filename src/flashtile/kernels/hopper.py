@@ -178,7 +178,9 @@ def availability() -> tuple[bool, str]:
         return False, reason
     fused = ("its Gluon has TMA reductions: the five-product backward runs as FLASHTILE_GLUON_BWD_FUSED says"
              if _gluon_common().HAS_TMA_REDUCE else
-             "no TMA reductions in its Gluon: the backward keeps to seven products (the five-product one needs 3.8+)")
+             ("no TMA reductions in its Gluon: the five-product backward's is a TMA store rewritten in the PTX, "
+              + ("under auto where measured faster" if PTX_REDUCE_UNDER_AUTO else
+                 "only under FLASHTILE_GLUON_BWD_FUSED=1 (not yet timed on the GPU); auto keeps to seven products")))
     return True, (f"sm_90 and triton {triton.__version__}: plain attention takes them as FLASHTILE_GLUON and "
                   f"FLASHTILE_GLUON_BWD say; {fused}")
 
@@ -565,6 +567,11 @@ _TMA_ROWS = 2 ** 31
 # GPU tests (256 passed), the oracle check and timings of probes/fused_bwd.py, and a racecheck
 # whose hazards are all in code Triton generates (benchmarks/results/2026-11-30-h200-session13).
 FUSED_UNDER_AUTO = True
+# Whether auto takes the five-product backward where Gluon lacks TMA reductions (Triton before
+# 3.8, the GPU image's 3.6), its reduction a TMA store rewritten in the PTX (tma_reduce_ptx.py).
+# Off: written and compiled for sm_90 on the CPU in session 18, after that session's device time;
+# FLASHTILE_GLUON_BWD_FUSED=1 runs it. On once the H200 has run its GPU tests and timed it.
+PTX_REDUCE_UNDER_AUTO = False
 _FUSED_FAILED: set = set()  # (head dim, dtype, causal) whose fused kernel failed to build here
 
 
@@ -590,17 +597,15 @@ def fused_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
 def _takes_fused(q: torch.Tensor, head_dim: int, seqlen_k: int, causal: bool, s_pad: int,
                  deterministic: bool) -> bool:
     """Whether this backward runs gluon_bwd_fused.py (``FLASHTILE_GLUON_BWD_FUSED``: auto, 1, 0).
-    Never when the call asks for a deterministic backward; under 1, a Triton without TMA
-    reductions is an error rather than a silent fallback."""
+    Never when the call asks for a deterministic backward. With a Triton whose Gluon lacks TMA
+    reductions (before 3.8) only where PTX_REDUCE_UNDER_AUTO, or under 1: the kernel's reduction
+    is then a TMA store rewritten in the PTX (tma_reduce_ptx.py)."""
     choice = setting(name=FUSED_SWITCH)
     if choice == "0" or deterministic or torch.are_deterministic_algorithms_enabled():
         return False
     if head_dim not in BWD_FUSED or q.shape[0] * q.shape[1] * s_pad >= _TMA_ROWS:
         return False
-    if not _gluon_common().HAS_TMA_REDUCE:
-        if choice == "1":
-            raise RuntimeError(f"{FUSED_SWITCH}=1: the five-product backward adds dQ by TMA reductions, which "
-                               f"Gluon has from Triton 3.8 on; this is triton {triton.__version__}")
+    if choice == "auto" and not (_gluon_common().HAS_TMA_REDUCE or PTX_REDUCE_UNDER_AUTO):
         return False
     if choice == "auto":  # as timed: the call's own head dim (a padded one, e.g. 96 on 128, has not been)
         return (FUSED_UNDER_AUTO and fused_measured_faster(q.shape[3], seqlen_k, causal)
@@ -722,6 +727,13 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     heads_per_group = causal_heads_per_group(causal, batch * heads_kv, seqlen_q, head_dim, q.element_size(),
                                              streams_for=group)
     stats.preprocess()
+    by_ptx = not _gluon_common().HAS_TMA_REDUCE
+    check = None
+    if by_ptx:  # the reduction is a TMA store, rewritten as the kernel builds
+        from . import tma_reduce_ptx
+
+        tma_reduce_ptx.install()
+        check = tma_reduce_ptx.check
     fast_launch.launch(
         gluon_bwd_fused._dkdv_dq_kernel, (num_n_blocks * batch * heads_kv,),
         tile(q, block_m), tile(dout, block_m), tile(k, block_n // 2), tile(v, block_n // 2), tile(dk, block_n // 2),
@@ -729,7 +741,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
         heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad,
         softmax_scale * LOG2E, softmax_scale,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
-        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
+        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, REDUCE_BY_PTX=by_ptx, check=check,
     )
     rows = 64
     fast_launch.launch(
