@@ -332,7 +332,8 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
     launches = []
     for name in ("_dkdv_dq_kernel", "_dq_convert"):
-        monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name, tma_reduce_ptx.REDUCE))
+        monkeypatch.setattr(gluon_bwd_fused, name,
+                            _RecordLaunch(launches, name, tma_reduce_ptx.REDUCE * tma_reduce_ptx.REDUCTIONS))
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = 2, 6, 2, 300, 333
     q, dout, dq, out = (torch.randn(batch, heads_q, seqlen_q, head_dim, dtype=torch.bfloat16) for _ in range(4))
     k, v, dk, dv = (torch.randn(batch, heads_kv, seqlen_k, head_dim, dtype=torch.bfloat16) for _ in range(4))

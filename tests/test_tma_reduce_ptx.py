@@ -12,10 +12,12 @@ import pytest
 triton = pytest.importorskip("triton")
 from flashtile.kernels import hopper, tma_reduce_ptx  # noqa: E402  (imports Triton)
 
-# A stand-in for the fused kernel's PTX: its dQ store (2-D), dK's store (4-D) and a 2-D load.
+# A stand-in for the fused kernel's PTX: its two dQ stores (2-D, one per consumer warpgroup),
+# dK's store (4-D) and a 2-D load.
 PTX = """
 	@%p32 cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%rd1, {%r814, %r815}], [%r816];
 	cp.async.bulk.commit_group;
+	@%p19 cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%rd1, {%r288, %r289}], [%r290];
 	@%p24 cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%rd3, {%r498, %r499, %r500, %r501}], [%r502];
 	@%p4 cp.async.bulk.tensor.2d.shared::cta.global.mbarrier::complete_tx::bytes [%r48], [%rd5, {%r1, %r2}], [%r47];
 """
@@ -30,18 +32,25 @@ def hooks(monkeypatch):
 
 
 def stages_after(hook, name: str) -> str:
-    """The PTX that the stages ``hook`` leaves for a kernel called ``name``."""
-    stages = {"ptx": lambda src, metadata: PTX, "cubin": lambda src, metadata: b""}
+    """The PTX that the stages ``hook`` leaves for a kernel whose entry is ``name`` (which Triton's
+    make_ptx records in the metadata as it makes the PTX, as this stand-in does)."""
+    def make_ptx(src, metadata):
+        metadata["name"] = name
+        return PTX
+
+    stages = {"ptx": make_ptx, "cubin": lambda src, metadata: b""}
     hook(None, stages, None, None, 90)
-    return stages["ptx"]("llir", {"name": name})
+    return stages["ptx"]("llir", {})
 
 
-def test_only_the_2d_store_becomes_an_add_reduction():
+def test_only_the_2d_stores_become_add_reductions():
     text = tma_reduce_ptx.rewrite(PTX)
-    lines = [line.strip() for line in text.strip().splitlines()]
-    assert lines[0] == ("@%p32 cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group "
+    before, after = ([line.strip() for line in t.strip().splitlines()] for t in (PTX, text))
+    assert after[0] == ("@%p32 cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group "
                         "[%rd1, {%r814, %r815}], [%r816];")
-    assert [a.strip() for a in PTX.strip().splitlines()[1:]] == lines[1:]  # commit, dK's 4-D store, the load
+    assert after[2] == before[2].replace(tma_reduce_ptx.STORE, tma_reduce_ptx.REDUCE) != before[2]
+    assert after[1] == before[1] and after[3:] == before[3:]  # the commit, dK's 4-D store, the load
+    assert tma_reduce_ptx.rewrite(text) == text
 
 
 def test_the_hook_rewrites_the_named_kernels_only_and_runs_the_hook_before_it(hooks):
@@ -49,9 +58,10 @@ def test_the_hook_rewrites_the_named_kernels_only_and_runs_the_hook_before_it(ho
     hooks.add_stages_inspection_hook = lambda *args: seen.append(args[4])
     tma_reduce_ptx.install()
     hook = hooks.add_stages_inspection_hook
-    assert stages_after(hook, "_dkdv_dq_kernel") == tma_reduce_ptx.rewrite(PTX)
+    assert stages_after(hook, tma_reduce_ptx.REWRITTEN) == tma_reduce_ptx.rewrite(PTX)
+    assert stages_after(hook, "_dkdv_dq_kernel") == PTX  # the native build's name: left alone
     assert stages_after(hook, "_dq_kernel") == PTX
-    assert seen == [90, 90]  # the hook installed before keeps running, first
+    assert seen == [90, 90, 90]  # the hook installed before keeps running, first
     tma_reduce_ptx.install()  # once: a second install does not wrap it again
     assert hooks.add_stages_inspection_hook is hook
 
@@ -67,10 +77,20 @@ def test_the_hook_adds_its_part_to_a_cache_key(hooks):
     assert chained.startswith("other") and "tma-reduce-ptx" in chained and chained_digest != digest
 
 
-def test_the_check_passes_a_rewritten_binary_and_stops_one_that_stores():
+def test_the_check_passes_a_rewritten_binary_and_stops_any_other():
     tma_reduce_ptx.check(SimpleNamespace(asm={"ptx": tma_reduce_ptx.rewrite(PTX)}))
-    for ptx in (PTX, PTX.replace(tma_reduce_ptx.STORE, "")):  # stored, or neither
-        with pytest.raises(tma_reduce_ptx.ReductionRewriteError, match="stores dQ where it should add"):
-            tma_reduce_ptx.check(SimpleNamespace(asm={"ptx": ptx}))
+    one_more = PTX.replace("cp.async.bulk.commit_group;", tma_reduce_ptx.STORE + " [%rd9, {%r1, %r2}], [%r3];")
+    for ptx in (PTX, PTX.replace(tma_reduce_ptx.STORE, ""), one_more):  # stored, neither, a third 2-D store
+        with pytest.raises(tma_reduce_ptx.ReductionRewriteError, match="built without flashtile's PTX rewrite"):
+            tma_reduce_ptx.check(SimpleNamespace(asm={"ptx": tma_reduce_ptx.rewrite(ptx) if ptx is one_more
+                                                      else ptx}))
     # a build error to hopper: under auto the seven-product kernels take over
     assert hopper._is_build_error(tma_reduce_ptx.ReductionRewriteError("x"))
+
+
+def test_without_its_ptx_the_check_reads_the_sass():
+    # (TRITON_STORE_BINARY_ONLY=1: Triton keeps no PTX of a binary, and asm's "sass" is disassembled)
+    sass = "UTMAREDG.2D.ADD [UR8], [UR4] ;\nUTMAREDG.2D.ADD [UR8], [UR6] ;\nUTMASTG.4D [UR4], [UR12] ;"
+    tma_reduce_ptx.check(SimpleNamespace(asm={"ptx": None, "sass": sass}))
+    with pytest.raises(tma_reduce_ptx.ReductionRewriteError):
+        tma_reduce_ptx.check(SimpleNamespace(asm={"sass": sass.replace("UTMAREDG.2D.ADD", "UTMASTG.2D")}))

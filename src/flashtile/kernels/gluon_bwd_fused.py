@@ -47,6 +47,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
+from . import tma_reduce_ptx
 from .gluon_bwd import _dkdv_loader, _dkdv_tile, store_dkdv
 from .gluon_common import (accumulator_layout, init_q_ring_barriers, key_tile_of_program, partition_barrier,
                            q_ring_barriers, q_ring_buffers, tma_reduce_add)
@@ -139,7 +140,13 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
                HEAD_DIM)
 
 
-@gluon.jit
+def _entry_name(specialization) -> str:
+    """_dkdv_dq_kernel's entry name: its own, or where its reduction is a TMA store for
+    tma_reduce_ptx.py to rewrite, the name that rewrite looks for (and nothing else has)."""
+    return tma_reduce_ptx.REWRITTEN if specialization.constants.get("REDUCE_BY_PTX") else "_dkdv_dq_kernel"
+
+
+@gluon.jit(repr=_entry_name)
 def _dkdv_dq_kernel(
     q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_acc_desc,
     heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad, qk_scale, softmax_scale,

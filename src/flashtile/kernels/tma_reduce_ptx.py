@@ -14,16 +14,18 @@ whose operands (tensor map, coordinates, shared-memory source) and completion (a
 waited on by ``tma.store_wait``) are the reduction's: PTX's two instructions differ only in the
 operation. So before 3.8 the kernel issues the store (gluon_common.tma_reduce_add) and a compile
 stage, added through Triton's stages hook (``knobs.runtime.add_stages_inspection_hook``), turns
-every 2-D TMA store of the kernels named in REWRITTEN into the reduction, after Triton has made
-the PTX and before ptxas assembles it. Other kernels are left alone, and so are those kernels'
-other TMA stores (dK and dV: 4-D boxes).
+every 2-D TMA store of the kernel into the reduction, after Triton has made the PTX and before
+ptxas assembles it. Only the kernel whose entry is named REWRITTEN is touched: the fused kernel
+takes that name only where it is compiled to be rewritten (gluon_bwd_fused.py's ``repr``), so
+neither its native build nor another package's kernel can be. Its other TMA stores (dK and
+dV) are 4-D and stay stores.
 
-Triton 3.6's cache key does not see the hook (3.9 asks the hook for a part of the key, which it
-gives): a binary of the same kernel built without it (in a process that never installed it, or
-after another hook replaced this one) would hold the store, and dQ would be overwritten instead
-of summed. Every binary is therefore checked before its first launch (``check``, handed to
-fast_launch.launch): the reduction present, no 2-D store left. A binary that fails is a build
-error: hopper.py then runs the seven-product kernels under ``auto``.
+Triton 3.6's cache key does not see the hook (3.8+ asks the hook for a part of the key, which
+it gives): a binary of the same kernel built by a process without the hook would hold the
+store, and dQ would be overwritten instead of summed. Every binary is therefore checked before
+its first launch (``check``, handed to fast_launch.launch): exactly REDUCTIONS reductions, no
+2-D store left. A binary that fails is a build error: hopper.py then runs the seven-product
+kernels under ``auto`` and raises under ``FLASHTILE_GLUON_BWD_FUSED=1``.
 """
 
 from __future__ import annotations
@@ -39,14 +41,19 @@ except ImportError:  # (hopper.py's BUILD_ERRORS reads a missing TritonError as 
 
 STORE = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group"
 REDUCE = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group"
-# Kernels (Triton's metadata "name") whose 2-D TMA stores are reductions.
-REWRITTEN = frozenset({"_dkdv_dq_kernel"})
+# The same two in the SASS, for a binary whose PTX Triton did not keep (TRITON_STORE_BINARY_ONLY).
+SASS_STORE, SASS_REDUCE = "UTMASTG.2D", "UTMAREDG.2D.ADD"
+# The entry name of gluon_bwd_fused._dkdv_dq_kernel built with REDUCE_BY_PTX, and its count of
+# dQ reductions: one per consumer warpgroup (each partition of the warp-specialized kernel).
+REWRITTEN = "_dkdv_dq_kernel_ptx_reduce"
+REDUCTIONS = 2
 _CACHE_KEY = "-flashtile-tma-reduce-ptx-1"  # this rewrite's part of a cache key (Triton 3.8+ asks for one)
+_CACHE_HASH = hashlib.sha256(_CACHE_KEY.encode()).hexdigest()
 _installed = None  # the hook this module put in place
 
 
 class ReductionRewriteError(TritonError):
-    """A binary of a REWRITTEN kernel that still stores where it should add."""
+    """A binary of the REWRITTEN kernel that does not add dQ as it should."""
 
 
 def rewrite(ptx: str) -> str:
@@ -56,11 +63,14 @@ def rewrite(ptx: str) -> str:
 
 def _hook(previous):
     """A stages hook that runs ``previous`` (a hook already installed, or None), then wraps the
-    PTX stage of the REWRITTEN kernels with ``rewrite``. Called without arguments (Triton 3.8+
-    does so for the cache key), it returns (key, hash) of both hooks."""
+    PTX stage with ``rewrite`` for the REWRITTEN kernel (whose name make_ptx records in the
+    metadata, from the PTX's entry). Called without arguments (Triton 3.8+ does so for the cache
+    key), it returns (key, hash) of both hooks."""
     def add_rewrite(*args):
         if not args:
-            key, digest = previous() if previous is not None else ("", "")
+            if previous is None:
+                return _CACHE_KEY, _CACHE_HASH
+            key, digest = previous()
             return key + _CACHE_KEY, hashlib.sha256((digest + _CACHE_KEY).encode()).hexdigest()
         backend, stages, options, language, capability = args
         if previous is not None:
@@ -71,7 +81,7 @@ def _hook(previous):
 
         def ptx_stage(src, metadata):
             text = make_ptx(src, metadata)
-            return rewrite(text) if metadata.get("name") in REWRITTEN else text
+            return rewrite(text) if metadata.get("name") == REWRITTEN else text
 
         stages["ptx"] = ptx_stage
 
@@ -90,11 +100,18 @@ def install() -> None:
 
 
 def check(compiled) -> None:
-    """Raise ReductionRewriteError unless the binary ``compiled`` (a CompiledKernel) adds by TMA
-    reductions and stores by none of its 2-D TMA stores."""
-    ptx = compiled.asm.get("ptx", "")
-    if REDUCE not in ptx or STORE in ptx:
+    """Raise ReductionRewriteError unless the binary ``compiled`` (a CompiledKernel) adds dQ by
+    REDUCTIONS TMA reductions and stores by none of its 2-D TMA stores: its PTX, or its SASS
+    where Triton kept no PTX."""
+    ptx = compiled.asm.get("ptx") or ""
+    if ptx:
+        text, store, reduce = ptx, STORE, REDUCE
+    else:
+        text, store, reduce = compiled.asm["sass"], SASS_STORE, SASS_REDUCE
+    found = text.count(reduce)
+    if found != REDUCTIONS or store in text:
         raise ReductionRewriteError(
-            f"the five-product backward's binary (triton {triton.__version__}) stores dQ where it should add it: "
-            "its TMA stores were not rewritten into reductions (was Triton's stages hook replaced after "
-            "flashtile installed its own, or the binary built by a process without it?)")
+            f"the five-product backward's binary (triton {triton.__version__}) holds {found} dQ reductions "
+            f"(expected {REDUCTIONS}) and {text.count(store)} 2-D TMA stores (expected 0): a binary built without "
+            "flashtile's PTX rewrite, e.g. by a process that never installed it, and found in Triton's cache. "
+            "TRITON_ALWAYS_COMPILE=1 or a new TRITON_CACHE_DIR rebuilds it")
