@@ -247,12 +247,12 @@ case ${1:-tests} in
     step timeout 150 python3 benchmarks/probes/fused_bwd.py --api > "$OUT/fused-probe.log" 2>&1
     # The bench with the fused kernel forced (auto leaves it off until hopper.FUSED_UNDER_AUTO),
     # then the race checker on it (its warpgroups share K's buffer and the dS buffers). 8 files.
-    step env FLASHTILE_GLUON_BWD_FUSED=1 timeout 90 python3 -m flashtile bench --headdims 128 --seqlens 1k 4k 16k \
+    step env FLASHTILE_GLUON_BWD_FUSED=1 timeout 120 python3 -m flashtile bench --headdims 64 128 --seqlens 1k 4k 16k \
       --modes bwd --providers flashtile sdpa-cudnn sdpa-flash --json "$OUT/bench-fused.json" > "$OUT/bench-fused.log" 2>&1
     step env timeout 120 compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_gluon_bwd.py \
       --headdim 128 --fused > "$OUT/racecheck-fused.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-fused.log"; grep -v "Warn\|leaked\|nanobind\|skipped remainder" "$OUT/fused-probe.log"
-    grep -A14 "bwd: TFLOP" "$OUT/bench-fused.log"; grep -E "RACECHECK SUMMARY|sanitize:" "$OUT/racecheck-fused.log"
+    grep -A20 "bwd: TFLOP" "$OUT/bench-fused.log"; grep -E "RACECHECK SUMMARY|sanitize:" "$OUT/racecheck-fused.log"
     cat "$OUT/times.txt" ;;
   fast-launch)
     # kernels/fast_launch.py: host time of short calls with the compiled-kernel path on and off
