@@ -13,6 +13,12 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
+def padded_head_dim(head_dim: int) -> int:
+    """The kernels' HEAD_DIM_PADDED: tl.dot needs at least 16 along every dimension, and tiles
+    are powers of two."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
 @triton.jit
 def _tanh(x):
     # tanh(x) = 1 - 2 / (exp(2x) + 1): saturates cleanly to ±1 for large |x|,

@@ -9,9 +9,10 @@ import triton
 
 from ..masks import Band
 from . import fast_launch
+from .common import padded_head_dim
 from .configs import interpreting
 from .decode import _combine_splits_kernel, _decode_kernel
-from .launch import _alibi_args, _dot_precision, _padded_head_dim, _qk_scale
+from .launch import _alibi_args, _dot_precision, _qk_scale
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,7 +114,7 @@ def decode_attention_triton(
         block_table.stride(0) if block_table is not None else 0, stride_ab, stride_ah,
         seqlen_q, group, heads_kv, page_size or 1, num_splits,
         _qk_scale(softmax_scale, softcap), float(softcap), band.left or 0, band.right or 0,
-        HEAD_DIM=head_dim, HEAD_DIM_PADDED=_padded_head_dim(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=head_dim, HEAD_DIM_PADDED=padded_head_dim(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
         HAS_LEFT=band.left is not None, HAS_RIGHT=band.right is not None, HAS_SOFTCAP=softcap > 0,
         HAS_ALIBI=alibi_slopes is not None, PAGED=block_table is not None,
         HAS_BATCH_IDX=cache_batch_idx is not None, HAS_LEFTPAD=cache_leftpad is not None,
@@ -140,7 +141,7 @@ def combine_splits(out_parts: torch.Tensor, lse_parts: torch.Tensor, dtype: torc
         lse_parts.stride(0), lse_parts.stride(1), lse_parts.stride(2),
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         seqlen_q, heads_q, splits,
-        HEAD_DIM=head_dim, HEAD_DIM_PADDED=_padded_head_dim(head_dim),
+        HEAD_DIM=head_dim, HEAD_DIM_PADDED=padded_head_dim(head_dim),
         SPLITS_PADDED=max(2, triton.next_power_of_2(splits)),
         num_warps=1 if interpreting() else 4,
     )

@@ -48,12 +48,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
+from .common import LOG2E
 from .gluon_common import (accumulator_layout, hide_scores, init_q_ring_barriers, key_tile_of_program,
                            kv_ring_barriers, kv_ring_buffers, listed_q_tile_of_program, load_q_side_tile,
                            q_ring_barriers, q_ring_buffers, q_tile_of_program, stream_kv_tiles, stream_q_tiles,
                            tma_load, tma_store)
-
-LOG2E = gl.constexpr(1.4426950408889634)
 
 
 # ----------------------------------------------------------------------------------------------

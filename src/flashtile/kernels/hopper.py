@@ -46,6 +46,7 @@ except ImportError:  # an older Triton: no Gluon kernels run there anyway (_gluo
 from ..backends import compute_capability, cuda_index, interpreting
 from ..masks import Band
 from . import bwd, fast_launch, tma
+from .common import padded_head_dim
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
@@ -692,7 +693,7 @@ class _RowStats:
             bwd._bwd_preprocess, (num_m_pre * batch * heads_q,),
             out, self.dout, self.dlse if self.dlse is not None else lse, self.delta, lse, lse, self.lse2,
             *out.stride(), *self.dout.stride(), lse.stride(0), lse.stride(1), s_pad, heads_q, seqlen_q, num_m_pre,
-            HEAD_DIM=out.shape[3], HEAD_DIM_PADDED=max(16, triton.next_power_of_2(out.shape[3])),
+            HEAD_DIM=out.shape[3], HEAD_DIM_PADDED=padded_head_dim(out.shape[3]),
             BLOCK_M=bwd.PREPROCESS_ROWS, HAS_DLSE=self.dlse is not None, IS_VARLEN=False, PADDED=True,
         )
 

@@ -17,16 +17,12 @@ from triton.runtime.errors import OutOfResources
 from ..masks import Band
 from . import autotune, fast_launch, hopper, tma
 from .bwd import PREPROCESS_ROWS, _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
+from .common import padded_head_dim
 from .configs import backward_configs, forward_config
 from .padding import fill_rows_outside
 from .fwd import _fwd_kernel
 
 LOG2E = 1.4426950408889634
-
-
-def _padded_head_dim(head_dim: int) -> int:
-    # tl.dot needs at least 16 along every dimension; tiles are powers of two.
-    return max(16, triton.next_power_of_2(head_dim))
 
 
 def _dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
@@ -194,7 +190,7 @@ def attention_forward_triton(
     heads_q, head_dim = q.shape[1], q.shape[3]
     heads_kv = k.shape[1]
     batch, seqlen_q, seqlen_k = _problem(q, k, varlen)
-    head_dim_padded = _padded_head_dim(head_dim)
+    head_dim_padded = padded_head_dim(head_dim)
     causal_like = band.right is not None  # causal or a right window: the diagonal-heavy configs
     if varlen is None:
         lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
@@ -299,7 +295,7 @@ def attention_backward_triton(
         except Exception as error:  # a kernel that cannot be built here: Triton's, under auto
             if not hopper.falls_back(error, q, backward=True, causal=band.right == 0, mask=_mask_of(block_mask)):
                 raise
-    head_dim_padded = _padded_head_dim(head_dim)
+    head_dim_padded = padded_head_dim(head_dim)
     causal_like = band.right is not None  # causal or a right window: the diagonal-heavy configs
     cfg_dkdv, cfg_dq = backward_configs(head_dim_padded, q.dtype, causal_like, q.device,
                                         **_fit_args(bias, block_mask, dropout_p, backward=True))
