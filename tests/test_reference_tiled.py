@@ -344,9 +344,9 @@ def test_the_reference_skips_the_empty_tiles_of_a_block_mask_and_masks_only_the_
     ids = (torch.arange(seqlen, dtype=torch.int32) // document).to(torch.int32)
     mask = document_mask(ids)
     bm = flashtile.create_block_mask(mask, 1, 1, seqlen, seqlen, block_m=32, block_n=64, backward_block_n=64)
-    (block_m, block_n), kinds = tiled._block_mask_tiles(bm, "fwd", 1, 2)
-    assert (block_m, block_n) == (tiled.default_tile(1, 2),) * 2 == (256, 256)
-    assert kinds == bm.tile_kinds("fwd", 8, 4) and tiled._block_mask_tiles(bm, "dq", 1, 2)[1] == kinds
+    called, block_m, block_n, kinds = tiled._call_tiles(None, bm, "fwd", None, None, 1, 2)
+    assert called is mask and (block_m, block_n) == (tiled.default_tile(1, 2),) * 2 == (256, 256)
+    assert kinds == bm.tile_kinds("fwd", 8, 4) and tiled._call_tiles(None, bm, "dq", None, None, 1, 2)[3] == kinds
     visited, partial = (sum(sum(kind >= k for kind in row) for row in kinds) for k in (1, 2))
     assert visited < len(kinds) ** 2  # documents leave tiles empty
 

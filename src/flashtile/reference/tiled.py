@@ -126,13 +126,17 @@ def _aligned(lo: int, block: int) -> int:
     return lo - lo % block
 
 
-def _block_mask_tiles(block_mask, kernel: str, batch: int, heads: int) -> tuple[tuple[int, int], list]:
-    """The tiles a call with ``block_mask`` runs, whole tiles of ``kernel``'s ("fwd", or "dq"
-    for both backward passes) as near default_tile as they go, and their kinds (tile_kinds)."""
-    block_m, block_n = (block_mask.block_m, block_mask.block_n) if kernel == "fwd" else block_mask.backward_blocks
+def _call_tiles(mask, block_mask, kernel: str, block_m: int | None, block_n: int | None, batch: int,
+                heads: int) -> tuple:
+    """(mask, BLOCK_M, BLOCK_N, tile kinds) of a call. With ``block_mask``: its mask, whole tiles
+    of ``kernel``'s ("fwd", or "dq" for both backward passes) as near default_tile as they go,
+    and their kinds (tile_kinds). Without: ``mask``, the tiles given (None: default_tile), no kinds."""
     target = default_tile(batch, heads)
+    if block_mask is None:
+        return mask, block_m or target, block_n or target, None
+    block_m, block_n = (block_mask.block_m, block_mask.block_n) if kernel == "fwd" else block_mask.backward_blocks
     rows, cols = max(1, target // block_m), max(1, target // block_n)
-    return (block_m * rows, block_n * cols), block_mask.tile_kinds(kernel, rows, cols)
+    return block_mask.mask, block_m * rows, block_n * cols, block_mask.tile_kinds(kernel, rows, cols)
 
 
 _EMPTY = object()  # _tile_mask's answer for a tile no (batch, head) visits
@@ -219,11 +223,8 @@ def tiled_attention_forward(
     """
     batch, heads_q, seqlen_q, headdim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    kinds = None
-    if block_mask is not None:  # whole tiles of its own, so that its kinds say which to skip and which to mask
-        mask, (BLOCK_M, BLOCK_N), kinds = block_mask.mask, *_block_mask_tiles(block_mask, "fwd", batch, heads_q)
-    BLOCK_M = BLOCK_M or default_tile(batch, heads_q)
-    BLOCK_N = BLOCK_N or default_tile(batch, heads_q)
+    # (a block mask: whole tiles of its own, so that its kinds say which to skip and which to mask)
+    mask, BLOCK_M, BLOCK_N, kinds = _call_tiles(mask, block_mask, "fwd", BLOCK_M, BLOCK_N, batch, heads_q)
     acc_dtype = _acc_dtype(q.dtype)
     if out is None:
         out = torch.empty_like(q)
@@ -316,11 +317,7 @@ def tiled_attention_backward(
     Returns dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D) in the inputs' dtype.
     """
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2]
-    kinds = None
-    if block_mask is not None:
-        mask, (BLOCK_M, BLOCK_N), kinds = block_mask.mask, *_block_mask_tiles(block_mask, "dq", batch, heads_q)
-    BLOCK_M = BLOCK_M or default_tile(batch, heads_q)
-    BLOCK_N = BLOCK_N or default_tile(batch, heads_q)
+    mask, BLOCK_M, BLOCK_N, kinds = _call_tiles(mask, block_mask, "dq", BLOCK_M, BLOCK_N, batch, heads_q)
     acc_dtype = _acc_dtype(q.dtype)
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
