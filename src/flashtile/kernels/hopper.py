@@ -45,7 +45,7 @@ except ImportError:  # an older Triton: no Gluon kernels run there anyway (_gluo
 
 from ..backends import compute_capability, cuda_index, interpreting
 from ..masks import Band
-from . import bwd, fast_launch, tma
+from . import bwd, fast_launch, tma, tma_reduce_ptx
 from .common import padded_head_dim
 
 LOG2E = 1.4426950408889634
@@ -731,8 +731,6 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     by_ptx = not _gluon_common().HAS_TMA_REDUCE
     check = None
     if by_ptx:  # the reduction is a TMA store, rewritten as the kernel builds
-        from . import tma_reduce_ptx
-
         tma_reduce_ptx.install()
         check = tma_reduce_ptx.check
     fast_launch.launch(
