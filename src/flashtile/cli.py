@@ -373,8 +373,8 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
                 ("FLASHTILE_GLUON", "unset (auto: Gluon forward on sm_90 where measured faster)"),
                 ("FLASHTILE_GLUON_BWD", "unset (auto: Gluon backward on sm_90, d64, d128 and d256)"),
                 ("FLASHTILE_GLUON_BWD_FUSED",
-                 "unset (auto: five products at d64, d128 where measured faster, Triton 3.8+; 1: wherever they run, "
-                 "before 3.8 through a TMA store rewritten into a reduction in the PTX)"),
+                 "unset (auto: five products at d64, d128 where measured faster; 1: at every length; "
+                 "before Triton 3.8 the reduction is a TMA store rewritten in the PTX)"),
                 ("FLASHTILE_GLUON_DQ_STATS",
                  "unset (auto: the dQ kernels write the backward's row stats up to 4k keys and under block masks, "
                  "a preprocess launch beyond; 1: always the dQ kernels)"))

@@ -181,7 +181,7 @@ def availability() -> tuple[bool, str]:
              if _gluon_common().HAS_TMA_REDUCE else
              ("no TMA reductions in its Gluon: the five-product backward's is a TMA store rewritten in the PTX, "
               + ("under auto where measured faster" if PTX_REDUCE_UNDER_AUTO else
-                 "only under FLASHTILE_GLUON_BWD_FUSED=1 (not yet timed on the GPU); auto keeps to seven products")))
+                 "only under FLASHTILE_GLUON_BWD_FUSED=1; auto keeps to seven products")))
     return True, (f"sm_90 and triton {triton.__version__}: plain attention takes them as FLASHTILE_GLUON and "
                   f"FLASHTILE_GLUON_BWD say; {fused}")
 
@@ -570,9 +570,11 @@ _TMA_ROWS = 2 ** 31
 FUSED_UNDER_AUTO = True
 # Whether auto takes the five-product backward where Gluon lacks TMA reductions (Triton before
 # 3.8, the GPU image's 3.6), its reduction a TMA store rewritten in the PTX (tma_reduce_ptx.py).
-# Off: written and compiled for sm_90 on the CPU in session 18, after that session's device time;
-# FLASHTILE_GLUON_BWD_FUSED=1 runs it. On once the H200 has run its GPU tests and timed it.
-PTX_REDUCE_UNDER_AUTO = False
+# On since session 19 ran it on the H200 under 3.6: its GPU tests (256 passed), the oracle check
+# and timings of probes/fused_bwd.py (ahead of the seven-product kernels where
+# fused_measured_faster says but d128 causal at 8k keys, 0.97x), a racecheck whose hazards are
+# all in code Triton generates, as under 3.9 (benchmarks/results/2026-12-01-h200-session19).
+PTX_REDUCE_UNDER_AUTO = True
 _FUSED_FAILED: set = set()  # (head dim, dtype, causal) whose fused kernel failed to build here
 
 
