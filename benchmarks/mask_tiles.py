@@ -8,8 +8,8 @@
 first) and with its ``kv_order``/``dq_order``/``q_order`` replaced by the identity, at
 forward tiles 128 x 64 and 128 x 128 and backward key widths 64 and 128.
 ``configs``: the table's configs, then (dK/dV, dQ) warps and stages forced through
-``configs.override`` (the mask's tile sizes still rule). Both print fwd / bwd ms and their
-ratio to the built-in causal (16 heads, batch 1, bf16).
+``configs.override`` (the mask's tile sizes still rule). Both print fwd / bwd ms (the backward
+alone, masks.time_fwd_bwd) and their ratio to the built-in causal (16 heads, batch 1, bf16).
 ``ranges``: causal and causal document masks (``--docs``), and sink tokens beside a causal
 window, each block mask timed three ways: as built (one run of full tiles per row: walked
 as one range, ``*_full_range``; the sink mask has two runs), through the loop over runs

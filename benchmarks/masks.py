@@ -1,7 +1,8 @@
 """User masks on the GPU: mask_mod against the built-in band, document masks against the
 tiles they visit, and FlexAttention with the same masks in the same run (issue 4's targets).
 
-bf16, batch 1, heads 16, headdim 128, N = --seqlen (default 16384). Rows, fwd / bwd ms:
+bf16, batch 1, heads 16, headdim 128, N = --seqlen (default 16384). Rows, fwd / bwd / step ms
+(bwd: the backward alone, retain_graph; step: forward + torch.autograd.grad, eager):
 
     built-in causal          flashtile.attention(causal=True): on sm_90 the Gluon kernels
     built-in causal, Triton  the same with FLASHTILE_GLUON=0 and FLASHTILE_GLUON_BWD=0: the
@@ -50,11 +51,25 @@ def triton_kernels_only():
 
 
 def time_fwd_bwd(fn, q, k, v):
+    """(forward, backward, step) ms of ``fn(q, k, v)``. The backward alone, through
+    ``retain_graph`` on one forward's graph, as flash-attn's, FlexAttention's and ``flashtile
+    bench``'s own timings take it; the step is forward + ``torch.autograd.grad``, eager. Until
+    session 19 the backward column was the step less a forward timed apart: on a host-bound cell
+    (16 documents) that difference of two host-bound timings swung by ±20% from run to run."""
     out = fn(q, k, v)
     dout = torch.randn_like(out)
     fwd = median_ms(lambda: fn(q, k, v), q.device, warmup=5, rep=30)
-    bwd = median_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), q.device, warmup=5, rep=30) - fwd
-    return fwd, bwd
+    bwd = median_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), q.device, warmup=5, rep=30)
+    step = median_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), q.device, warmup=5, rep=30)
+    return fwd, bwd, step
+
+
+def _three(values, spec: str) -> str:
+    return " / ".join(format(x, spec) for x in values)
+
+
+def _over(values, base) -> tuple:
+    return tuple(x / b for x, b in zip(values, base))
 
 
 def flex_fn(ids, causal: bool, batch, heads, n, device):
@@ -71,6 +86,11 @@ def flex_fn(ids, causal: bool, batch, heads, n, device):
                 return (ids[q_idx] == ids[kv_idx]) & ((q_idx >= kv_idx) | (not causal))
 
         flex_mask = create_block_mask(mask, batch, heads, n, n, device=device)
+        # Its compiled backward may donate buffers it saved to its gradients (a memory saving; it
+        # does with these transposed inputs), and then refuses the backward's retain_graph.
+        import torch._functorch.config
+
+        torch._functorch.config.donated_buffer = False
     except Exception as e:  # noqa: BLE001 - a baseline's failure must not end the run
         print(f"flex: unavailable ({type(e).__name__}: {str(e)[:80]})")
         return None
@@ -89,7 +109,7 @@ def main():
     n, heads, d, batch, device = args.seqlen, 16, 128, 1, args.device
     q, k, v = (torch.randn(batch, n, heads, d, device=device, dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
-    rows = []  # (name, visited tile fraction or None, flashtile (fwd, bwd) ms, flex's mask: ids or None)
+    rows = []  # (name, visited tile fraction or None, flashtile (fwd, bwd, step) ms, flex's mask: ids or None)
     base = time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, causal=True), q, k, v)
     rows.append(("built-in causal", None, base, None))  # no block mask: its tiles are the config's
     with triton_kernels_only():
@@ -125,17 +145,17 @@ def main():
                      time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm), q, k, v),
                      ids))
     # flashtile's rows first, so that FlexAttention's compiles cannot cost them to a time limit.
-    print(f"N={n}, heads {heads}, headdim {d}, bf16, causal; fwd / bwd ms; 'tiles' = visited fraction of all tiles")
-    print(f"{'':28s} {'tiles':>6} | {'flashtile':>17} | {'vs built-in':>13}")
-    for name, tiles, (fwd, bwd), _ in rows:
+    print(f"N={n}, heads {heads}, headdim {d}, bf16, causal; fwd / bwd / step ms (bwd: alone, retain_graph; "
+          "step: fwd + torch.autograd.grad); 'tiles' = visited fraction of all tiles")
+    print(f"{'':28s} {'tiles':>6} | {'flashtile':>25} | {'vs built-in':>20}")
+    for name, tiles, times, _ in rows:
         shown = "-" if tiles is None else f"{tiles:.3f}"
-        print(f"{name:28s} {shown:>6} | {fwd:7.2f} / {bwd:7.2f} | {fwd / base[0]:5.2f} / {bwd / base[1]:5.2f}",
-              flush=True)
+        print(f"{name:28s} {shown:>6} | {_three(times, '7.2f')} | {_three(_over(times, base), '5.2f')}", flush=True)
     if args.no_flex:
         return
-    print(f"{'FlexAttention, same mask':28s} {'':>6} | {'flex':>17} | "
+    print(f"{'FlexAttention, same mask':28s} {'':>6} | {'flex':>25} | "
           "flex time / flashtile time (> 1: flashtile faster)")
-    for name, _, (fwd, bwd), ids in rows[1:]:
+    for name, _, times, ids in rows[1:]:
         # (flex's default tiles are 128 × 128 already; the default row is the first one again)
         if "128x" in name or "default" in name or name.startswith("built-in"):
             continue
@@ -143,8 +163,9 @@ def main():
         if flex is None:
             continue
         try:
-            ffwd, fbwd = time_fwd_bwd(flex, q, k, v)
-            print(f"{name:28s} {'':>6} | {ffwd:7.2f} / {fbwd:7.2f} | {ffwd / fwd:5.2f} / {fbwd / bwd:5.2f}", flush=True)
+            theirs = time_fwd_bwd(flex, q, k, v)
+            print(f"{name:28s} {'':>6} | {_three(theirs, '7.2f')} | {_three(_over(theirs, times), '5.2f')}",
+                  flush=True)
         except Exception as e:  # noqa: BLE001 - a baseline's failure must not end the run
             print(f"{name:28s} flex error ({type(e).__name__}: {str(e)[:60]})", flush=True)
 

@@ -22,7 +22,6 @@ import statistics
 import sys
 
 import torch
-import torch._functorch.config  # noqa: F401 - (donated_buffer, below)
 
 import flashtile
 
@@ -52,11 +51,8 @@ def main() -> None:
     args = parser.parse_args()
     n, heads, d, device = args.seqlen, 16, 128, torch.device("cuda")
     ids, mask, block_mask = causal_documents(n, args.docs, device)
-    # Flex's compiled backward donates the buffers it saved (a memory saving) unless told not to,
-    # and then refuses retain_graph, which "bwd alone" needs (as flashtile bench's Flex cells do
-    # not: there its inputs are (B, H, S, D) and it saves no buffer of its own).
-    torch._functorch.config.donated_buffer = False
-    flex = flex_fn(ids, True, 1, heads, n, device)  # takes and returns (B, S, H, D), as masks.py's
+    # takes and returns (B, S, H, D), as masks.py's; with Flex's donated buffers off (retain_graph)
+    flex = flex_fn(ids, True, 1, heads, n, device)
     providers = {
         "flashtile bshd": (lambda q, k, v: flashtile.attention(q, k, v, mask_mod=mask, block_mask=block_mask), "bshd"),
         "flex bshd": (flex, "bshd"),
