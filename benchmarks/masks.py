@@ -147,13 +147,13 @@ def main():
     # flashtile's rows first, so that FlexAttention's compiles cannot cost them to a time limit.
     print(f"N={n}, heads {heads}, headdim {d}, bf16, causal; fwd / bwd / step ms (bwd: alone, retain_graph; "
           "step: fwd + torch.autograd.grad); 'tiles' = visited fraction of all tiles")
-    print(f"{'':28s} {'tiles':>6} | {'flashtile':>25} | {'vs built-in':>20}")
+    print(f"{'':28s} {'tiles':>6} | {'flashtile':>27} | {'vs built-in':>21}")
     for name, tiles, times, _ in rows:
         shown = "-" if tiles is None else f"{tiles:.3f}"
         print(f"{name:28s} {shown:>6} | {_three(times, '7.2f')} | {_three(_over(times, base), '5.2f')}", flush=True)
     if args.no_flex:
         return
-    print(f"{'FlexAttention, same mask':28s} {'':>6} | {'flex':>25} | "
+    print(f"{'FlexAttention, same mask':28s} {'':>6} | {'flex':>27} | "
           "flex time / flashtile time (> 1: flashtile faster)")
     for name, _, times, ids in rows[1:]:
         # (flex's default tiles are 128 × 128 already; the default row is the first one again)
