@@ -46,9 +46,10 @@ except ImportError:  # an older Triton: no Gluon kernels run there anyway (_gluo
 from ..backends import compute_capability, cuda_index, interpreting
 from ..masks import Band
 from . import bwd, fast_launch, tma, tma_reduce_ptx
+from .common import LOG2E as _LOG2E_CONSTEXPR
 from .common import padded_head_dim
 
-LOG2E = 1.4426950408889634
+LOG2E = _LOG2E_CONSTEXPR.value  # the kernels' log2(e) as a float, for the scale the host works out
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
 
 

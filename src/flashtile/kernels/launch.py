@@ -17,12 +17,13 @@ from triton.runtime.errors import OutOfResources
 from ..masks import Band
 from . import autotune, fast_launch, hopper, tma
 from .bwd import PREPROCESS_ROWS, _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
+from .common import LOG2E as _LOG2E_CONSTEXPR
 from .common import padded_head_dim
 from .configs import backward_configs, forward_config
 from .padding import fill_rows_outside
 from .fwd import _fwd_kernel
 
-LOG2E = 1.4426950408889634
+LOG2E = _LOG2E_CONSTEXPR.value  # the kernels' log2(e) as a float, for the scale the host works out
 
 
 def _dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
