@@ -527,6 +527,42 @@ def test_the_gluon_forward_hands_its_kernel_descriptors_of_its_own_tiles(monkeyp
     assert grid == (triton.cdiv(300, constexprs["BLOCK_M"]) * 2 * 6,)
 
 
+def test_three_consumer_warpgroups_run_only_where_asked_and_at_d64(monkeypatch):
+    monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH, raising=False)
+    assert [hopper.forward_consumers(d) for d in (64, 128, 256)] == [2, 2, 2]  # auto: two (three are untimed)
+    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "3")
+    assert [hopper.forward_consumers(d) for d in (64, 128, 256)] == [3, 2, 2]
+    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "2")
+    assert hopper.forward_consumers(64) == 2
+    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "three")
+    with pytest.raises(ValueError, match="FLASHTILE_GLUON_FWD_CONSUMERS: expected auto, 2 or 3, got 'three'"):
+        hopper.forward_consumers(64)
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+@pytest.mark.parametrize("head_dim", [40, 64, 128])
+def test_three_consumers_launch_192_row_tiles_in_64_row_parts(monkeypatch, head_dim):
+    gluon_fwd = hopper._gluon()[0]
+    launches = []
+    monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
+    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "3")
+    q, out = (torch.randn(2, 6, 500, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(2, 2, 333, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    hopper.forward(q, k, v, out, head_dim ** -0.5, causal=True)
+    ((_, grid, args, constexprs),) = launches
+    width = hopper.kernel_head_dim(head_dim)
+    q_desc, k_desc, v_desc, o_desc = args[:4]
+    assert q_desc.block_shape == o_desc.block_shape == [1, 1, 64, width]
+    if width == 64:  # three consumers of 64 rows, on their own K/V tiles
+        assert constexprs["CONSUMERS"] == 3 and constexprs["BLOCK_M"] == 192
+        assert (constexprs["BLOCK_N"], constexprs["NUM_STAGES"]) == hopper.FORWARD_THREE_CONSUMER_TILES
+        assert constexprs["CONSUMER_REGS"] == hopper.FORWARD_CONSUMER_REGS[3]
+    else:  # other head dims keep two (and the launch as before: no CONSUMERS argument)
+        assert "CONSUMERS" not in constexprs and constexprs["BLOCK_M"] == 128
+    assert k_desc.block_shape == v_desc.block_shape == [1, 1, constexprs["BLOCK_N"], width]
+    assert grid == (triton.cdiv(500, constexprs["BLOCK_M"]) * 2 * 6,)
+
+
 def test_causal_grids_group_heads_whose_streamed_tensors_fit_the_l2_budget(monkeypatch):
     monkeypatch.setattr(hopper, "CAUSAL_L2_BYTES", 16 * 2 ** 20)
     # without a causal mask every tile carries the same work: rows one after the other
@@ -595,6 +631,25 @@ def test_gpu_gluon_forward_grid(gluon_calls, dtype, headdim, seqlens, causal):
     sq, sk = seqlens
     index = GRID.index((dtype, headdim, seqlens, causal))
     heads_q, heads_kv = [(8, 1), (8, 2), (4, 4)][index % 3]  # GQA ratios rotate through the grid
+    layout = ["bshd", "bhsd"][(index // 3) % 2]
+    check_case(2 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q, heads_kv, headdim, dtype, causal=causal,
+               layout=layout, bhsd_as_view=index % 4 < 2)
+    assert gluon_calls, "the call did not take the Gluon forward"
+
+
+# FLASHTILE_GLUON_FWD_CONSUMERS=3: the d64 forward on three consumer warpgroups (192-row tiles).
+GRID_THREE = [case for case in GRID if hopper.kernel_head_dim(case[1]) == 64]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
+@pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID_THREE, ids=[_case_id(case) for case in GRID_THREE])
+def test_gpu_gluon_forward_on_three_consumers(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal):
+    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "3")
+    sq, sk = seqlens
+    index = GRID_THREE.index((dtype, headdim, seqlens, causal))
+    heads_q, heads_kv = [(8, 1), (8, 2), (4, 4)][index % 3]
     layout = ["bshd", "bhsd"][(index // 3) % 2]
     check_case(2 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q, heads_kv, headdim, dtype, causal=causal,
                layout=layout, bhsd_as_view=index % 4 < 2)

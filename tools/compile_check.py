@@ -108,6 +108,12 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
 
     constexprs = dict(constexprs, num_warps=num_warps)
     dtype, q_rows, kv_rows = (constexprs.pop(key) for key in DESCRIPTOR_KEYS)
+    # A constexpr parameter with a default (e.g. the forward's CONSUMERS) takes it, as a launch
+    # binds it; without it here it would be typed as a runtime argument.
+    for name, parameter in inspect.signature(kernel.fn).parameters.items():
+        if (name not in constexprs and parameter.default is not inspect.Parameter.empty
+                and "constexpr" in str(parameter.annotation)):
+            constexprs[name] = parameter.default
     if constexprs.get("ROW_STATS") is False:  # a dQ kernel reading the preprocess's rows: Nones, as at a launch
         from flashtile.kernels import hopper
 
@@ -167,6 +173,15 @@ def gluon_variants(quick: bool):
         yield (f"gluon fwd d={d} {'causal' if causal else 'full'} {dtype} s{stages}", gluon_fwd._fwd_pingpong_kernel,
                dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal, DTYPE=dtype,
                     Q_ROWS=64, KV_ROWS=block_n, **regs), 4)
+    # Three consumer warpgroups of 64 rows at d64 (FLASHTILE_GLUON_FWD_CONSUMERS=3): 192-row tiles
+    # (none in a tree from before them, which sass_compare.py may be dumping).
+    block_n, stages = getattr(hopper, "FORWARD_THREE_CONSUMER_TILES", (None, None))
+    for causal, dtype in [] if block_n is None else [(True, "bf16")] if quick else [
+            (False, "bf16"), (True, "bf16"), (True, "fp16")]:
+        yield (f"gluon fwd3 d=64 {'causal' if causal else 'full'} {dtype} s{stages}", gluon_fwd._fwd_pingpong_kernel,
+               dict(HEAD_DIM=64, BLOCK_M=192, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal, DTYPE=dtype,
+                    Q_ROWS=64, KV_ROWS=block_n, CONSUMERS=3, LOADER_REGS=24,
+                    CONSUMER_REGS=hopper.FORWARD_CONSUMER_REGS[3]), 4)
     yield from listed_variants(gluon_fwd, quick, regs)
     for d, causal, dtype in [(128, True, "bf16")] if quick else [(128, False, "bf16"), (128, True, "fp16"),
                                                                     (64, True, "bf16")]:

@@ -258,11 +258,11 @@ def kv_ring_buffers(k_desc, v_desc, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexp
 
 
 @gluon.jit
-def kv_ring_barriers(NUM_STAGES: gl.constexpr):
+def kv_ring_barriers(NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr = 2):
     """(q_ready, k_ready, v_ready, k_empty, v_empty) of the forward and dQ kernels, allocated and
     initialised: the CTA's Q-side tiles land on q_ready, each ring slot's K and V on their own
-    "ready" barriers (the TMA unit arrives), and a slot is empty once both consumer warpgroups
-    have arrived."""
+    "ready" barriers (the TMA unit arrives), and a slot is empty once all CONSUMERS consumer
+    warpgroups have arrived."""
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -272,8 +272,8 @@ def kv_ring_barriers(NUM_STAGES: gl.constexpr):
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)  # one arrival per consumer warpgroup
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
     return q_ready, k_ready, v_ready, k_empty, v_empty
 
 

@@ -10,7 +10,9 @@ schedule out, as FlashAttention-3 does, in Triton's Gluon dialect:
 - two **consumer** warpgroups (4 warps each) own 64 query rows apiece. Each computes
   S = Q Kᵀ and O += P V with wgmma, P fed from registers, and runs the online softmax.
   Being separate partitions, they only meet at the "empty" barriers, so one's softmax
-  overlaps the other's matmuls (measured: attempt 26 in docs/performance.md).
+  overlaps the other's matmuls (measured: attempt 26 in docs/performance.md). With
+  CONSUMERS = 3 (d64, FLASHTILE_GLUON_FWD_CONSUMERS=3; untimed) three of them share a
+  192-row tile.
 
 Tiles travel through 4-D tensor descriptors of the (B, H, S, D) views, so any strides
 TMA can address work (bshd or bhsd), rows past a sequence's end arrive as zeros and the
@@ -46,14 +48,14 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
-            batch, head, head_kv, q_start, n_tiles, tiles, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
-            NUM_STAGES: gl.constexpr):
-    """One warp: the two halves of the Q tile, then K and V tile j (or tiles[j], a block
-    mask's list) into slot j % NUM_STAGES once both consumers have released the slot's
+            batch, head, head_kv, q_start, n_tiles, tiles, PART_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """One warp: the Q tile's CONSUMERS parts of PART_M rows, then K and V tile j (or tiles[j],
+    a block mask's list) into slot j % NUM_STAGES once every consumer has released the slot's
     previous tile."""
-    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    tma_load(q_desc, [batch, head, q_start, 0], q_ready, q_smem.index(0))
-    tma_load(q_desc, [batch, head, q_start + HALF_M, 0], q_ready, q_smem.index(1))
+    mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
+    for part in gl.static_range(CONSUMERS):
+        tma_load(q_desc, [batch, head, q_start + part * PART_M, 0], q_ready, q_smem.index(part))
     stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
                     BLOCK_N, NUM_STAGES, tiles)
 
@@ -79,11 +81,11 @@ def _softmax_update(s, m_i, l_i, qk_scale):
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc,
+def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc,
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, mask_buffer,
-              HEAD_DIM: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+              HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr):
-    """One warpgroup: rows [q_start + half·HALF_M, +HALF_M) of the Q tile, every K/V tile (or
+    """One warpgroup: rows [q_start + part·PART_M, +PART_M) of the Q tile, every K/V tile (or
     under MASK_MOD the block mask's list: see hide_scores)."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
     o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
@@ -92,15 +94,15 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_smem.dtype
 
-    first_row = q_start + half * HALF_M
-    rows = first_row + gl.arange(0, HALF_M, layout=s_rows)
+    first_row = q_start + part * PART_M
+    rows = first_row + gl.arange(0, PART_M, layout=s_rows)
     shift = seqlen_k - seqlen_q
     diagonal = first_row + shift
-    q_tile = q_smem.index(half).reshape([HALF_M, HEAD_DIM])
-    m_i = gl.full([HALF_M], -float("inf"), gl.float32, layout=s_rows)
-    l_i = gl.full([HALF_M], 0.0, gl.float32, layout=s_rows)
-    acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
+    q_tile = q_smem.index(part).reshape([PART_M, HEAD_DIM])
+    m_i = gl.full([PART_M], -float("inf"), gl.float32, layout=s_rows)
+    l_i = gl.full([PART_M], 0.0, gl.float32, layout=s_rows)
+    acc = gl.zeros([PART_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([PART_M, BLOCK_N], gl.float32, layout=s_layout)
 
     mbarrier.wait(q_ready, 0)
     # Tile 0: S and its softmax (n_tiles >= 1 always: see the kernel).
@@ -149,18 +151,18 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     # which writes only the rows inside the tensor.
     q_tile.store(out.to(dtype))
     fence_async_shared()
-    tma_store(o_desc, [batch, head, first_row, 0], q_smem.index(half))
+    tma_store(o_desc, [batch, head, first_row, 0], q_smem.index(part))
     tma.store_wait(0)
 
 
 @gluon.jit
-def _pipeline_buffers(q_desc, k_desc, v_desc, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                      NUM_STAGES: gl.constexpr):
-    """The Q tile's two halves, the K/V ring and their mbarriers, allocated and initialised:
+def _pipeline_buffers(q_desc, k_desc, v_desc, PART_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                      NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The Q tile's CONSUMERS parts, the K/V ring and their mbarriers, allocated and initialised:
     (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty)."""
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, 1, HALF_M, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, 1, 1, PART_M, HEAD_DIM], q_desc.layout)
     k_smem, v_smem = kv_ring_buffers(k_desc, v_desc, BLOCK_N, HEAD_DIM, NUM_STAGES)
-    q_ready, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(NUM_STAGES)
+    q_ready, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(NUM_STAGES, CONSUMERS)
     fence_async_shared()  # the inits visible to the TMA unit before its first copy
     return q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty
 
@@ -171,17 +173,22 @@ def _fwd_pingpong_kernel(
     num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    CONSUMERS: gl.constexpr = 2,
 ):
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
     Launch with num_warps=4 (the default partition is the first consumer) on a 1-D grid of
     num_m_blocks × B × Hq programs, Q tiles fastest (under CAUSAL in groups of heads_per_group heads,
     heads fastest within a group: q_tile_of_program). Descriptors: q_desc and o_desc over
-    (B, Hq, Sq, D) with a (1, 1, BLOCK_M / 2, D) block, k_desc and v_desc over
-    (B, Hkv, Sk, D) with (1, 1, BLOCK_N, D).
+    (B, Hq, Sq, D) with a (1, 1, BLOCK_M / CONSUMERS, D) block, k_desc and v_desc over
+    (B, Hkv, Sk, D) with (1, 1, BLOCK_N, D). CONSUMERS: 2 warpgroups of BLOCK_M / 2 rows, or 3
+    (FlashAttention-3's d64 forward: 192-row tiles, more work in flight per K/V tile; the
+    registers per consumer thread then at most ~168, the 64K file shared by 13 warps).
     """
     gl.static_assert(num_warps == 4)
-    HALF_M: gl.constexpr = BLOCK_M // 2
+    gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3)
+    PART_M: gl.constexpr = BLOCK_M // CONSUMERS
+    gl.static_assert(PART_M * CONSUMERS == BLOCK_M)
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, heads_per_group,
                                                               num_heads_q, group_size, seqlen_q, seqlen_k,
                                                               BLOCK_M, CAUSAL)
@@ -190,19 +197,34 @@ def _fwd_pingpong_kernel(
     n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
     LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
     q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty = _pipeline_buffers(
-        q_desc, k_desc, v_desc, HALF_M, HEAD_DIM, BLOCK_N, NUM_STAGES)
+        q_desc, k_desc, v_desc, PART_M, HEAD_DIM, BLOCK_N, NUM_STAGES, CONSUMERS)
 
     # (argument tuples written out: building one as (0,) + rest does not trace)
-    gl.warp_specialize([
-        (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
-                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, HALF_M, BLOCK_N,
-                     NUM_STAGES, CAUSAL, None)),
-        (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
-                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, HALF_M, BLOCK_N,
-                     NUM_STAGES, CAUSAL, None)),
-        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, batch,
-                   head, head_kv, q_start, n_tiles, None, HALF_M, BLOCK_N, NUM_STAGES)),
-    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
+                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
+                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
+            (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
+                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
+                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
+            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
+                       batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
+                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
+                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
+            (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
+                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
+                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
+            (_consumer, (2, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
+                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
+                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
+            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
+                       batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
 
 
 @gluon.jit
@@ -224,7 +246,7 @@ def _fwd_listed_kernel(
     are the block mask's tiles. Grid and descriptors as _fwd_pingpong_kernel's.
     """
     gl.static_assert(num_warps == 4)
-    HALF_M: gl.constexpr = BLOCK_M // 2
+    PART_M: gl.constexpr = BLOCK_M // 2
     batch, head, block_m, n_partial, n_visited, tiles = listed_q_tile_of_program(
         gl.program_id(0), num_m_blocks, num_heads_q, KvIdx, KvPartial, KvCount, KvOrder, stride_ib, stride_ih,
         stride_im, stride_cb, stride_ch)
@@ -237,15 +259,15 @@ def _fwd_listed_kernel(
     q_start = block_m * BLOCK_M
     LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
     q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty = _pipeline_buffers(
-        q_desc, k_desc, v_desc, HALF_M, HEAD_DIM, BLOCK_N, NUM_STAGES)
+        q_desc, k_desc, v_desc, PART_M, HEAD_DIM, BLOCK_N, NUM_STAGES, 2)
 
     gl.warp_specialize([
         (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
-                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, MaskBuf, HEAD_DIM, HALF_M,
+                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, MaskBuf, HEAD_DIM, PART_M,
                      BLOCK_N, NUM_STAGES, False, MASK_MOD)),
         (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
-                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, MaskBuf, HEAD_DIM, HALF_M,
+                     head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, MaskBuf, HEAD_DIM, PART_M,
                      BLOCK_N, NUM_STAGES, False, MASK_MOD)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, batch,
-                   head, head // group_size, q_start, n_tiles, tiles, HALF_M, BLOCK_N, NUM_STAGES)),
+                   head, head // group_size, q_start, n_tiles, tiles, PART_M, BLOCK_N, NUM_STAGES, 2)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

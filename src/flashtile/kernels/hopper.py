@@ -452,6 +452,31 @@ def causal_heads_per_group(causal: bool, rows: int, seqlen: int, head_dim: int, 
     return groups - 1 if groups % 16 == 0 else groups
 
 
+# The dense forward's consumer warpgroups (gluon_fwd._fwd_pingpong_kernel's CONSUMERS), 64 query
+# rows each, and the registers of a consumer thread: two (240 registers), or at kernel head dim
+# 64 three, as FlashAttention-3's d64 forward runs (192-row tiles: more matmul work in flight per
+# K/V tile, where d64's products are short); 13 warps then share the 64K register file, so at
+# most 168 per consumer thread. FLASHTILE_GLUON_FWD_CONSUMERS: auto (two: three were written in
+# session 19 and compiled for sm_90 on the CPU, not yet run on a GPU), 2, or 3 (d64 only; other
+# head dims keep two).
+FORWARD_CONSUMERS_SWITCH = "FLASHTILE_GLUON_FWD_CONSUMERS"
+FORWARD_CONSUMER_REGS = {2: 240, 3: 160}
+# The three consumers' (BLOCK_N, NUM_STAGES): 64-key tiles, because with 128 the consumer's S of
+# the next tile, P of this one and O (64 + 32 + 32 registers a thread) spill at 160 registers
+# (sm_90 compile, Triton 3.6 and 3.9: 200-370 bytes of stack; 120-128 at 168). Untimed.
+FORWARD_THREE_CONSUMER_TILES = (64, 3)
+
+
+def forward_consumers(head_dim: int) -> int:
+    """The consumer warpgroups of the dense Gluon forward at kernel head dim ``head_dim``
+    (``FLASHTILE_GLUON_FWD_CONSUMERS``)."""
+    value = os.environ.get(FORWARD_CONSUMERS_SWITCH, "auto").strip().lower() or "auto"
+    if value not in ("auto", "2", "3"):
+        raise ValueError(f"{FORWARD_CONSUMERS_SWITCH}: expected auto, 2 or 3, got "
+                         f"{os.environ[FORWARD_CONSUMERS_SWITCH]!r}")
+    return 3 if value == "3" and head_dim == 64 else 2
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, softmax_scale: float,
             causal: bool, block_mask=None) -> torch.Tensor:
     """Write out (B, Hq, Sq, D) and return the LSE (B, Hq, Sq), float32, natural log. D of any
@@ -462,23 +487,30 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     head_dim = kernel_head_dim(q.shape[3])
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
-    num_m_blocks = triton.cdiv(seqlen_q, BLOCK_M)
     if block_mask is not None:
         block_mask = _forward_block_mask(block_mask, head_dim)
-        _listed_forward(gluon_fwd, q, k, v, out, lse, softmax_scale, block_mask, head_dim, num_m_blocks)
+        _listed_forward(gluon_fwd, q, k, v, out, lse, softmax_scale, block_mask, head_dim,
+                        triton.cdiv(seqlen_q, BLOCK_M))
         return lse
-    block_n, num_stages = _config(head_dim, seqlen_k)
+    consumers = forward_consumers(head_dim)
+    block_n, num_stages = _config(head_dim, seqlen_k) if consumers == 2 else FORWARD_THREE_CONSUMER_TILES
+    part_m = BLOCK_M // 2  # rows per consumer warpgroup
+    block_m = part_m * consumers
+    num_m_blocks = triton.cdiv(seqlen_q, block_m)
     group = heads_q // heads_kv
     heads_per_group = causal_heads_per_group(causal, batch * heads_q, seqlen_k, head_dim, q.element_size(),
                                              shared_by=group)
+    # (CONSUMERS passed only when it is not the kernel's default: the two-consumer launch's
+    # arguments, and so its fast_launch key, stay as they were)
+    extra = {} if consumers == 2 else {"CONSUMERS": consumers}
     fast_launch.launch(
         gluon_fwd._fwd_pingpong_kernel, (num_m_blocks * batch * heads_q,),
-        _tile_descriptor(q, BLOCK_M // 2, head_dim), _tile_descriptor(k, block_n, head_dim),
-        _tile_descriptor(v, block_n, head_dim), _tile_descriptor(out, BLOCK_M // 2, head_dim),
+        _tile_descriptor(q, part_m, head_dim), _tile_descriptor(k, block_n, head_dim),
+        _tile_descriptor(v, block_n, head_dim), _tile_descriptor(out, part_m, head_dim),
         lse, lse.stride(0), lse.stride(1), heads_q, group, seqlen_q, seqlen_k, num_m_blocks, heads_per_group,
         softmax_scale * LOG2E,
-        HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=block_n, NUM_STAGES=num_stages, CAUSAL=causal,
-        LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=num_stages, CAUSAL=causal,
+        LOADER_REGS=24, CONSUMER_REGS=FORWARD_CONSUMER_REGS[consumers], num_warps=4, **extra,
     )
     return lse
 

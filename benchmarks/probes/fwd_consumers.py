@@ -1,0 +1,139 @@
+"""The d64 Gluon forward on three consumer warpgroups against two (attempt 48): checked, then timed.
+
+    python benchmarks/probes/fwd_consumers.py [--seqlens 1024 4096 16384] [--rounds 3]
+
+FLASHTILE_GLUON_FWD_CONSUMERS=3 runs gluon_fwd._fwd_pingpong_kernel at kernel head dim 64 with
+three 64-row consumer warpgroups (192-row Q tiles), as FlashAttention-3's d64 forward does;
+written in session 19 and compiled for sm_90 on the CPU only. Here, on an H200:
+
+1. each three-consumer variant against the float64 oracle (odd lengths, q != k, GQA, causal
+   and not): the largest error and the tolerance rule's bound (flashtile.testing);
+2. the forward alone, CUDA graphs of ``hopper.forward`` (no host time), B·N = 16k tokens and
+   H = 2048 / 64 = 32 heads, bf16, causal and not: two consumers (the config's tiles) and the
+   three-consumer variants of VARIANTS (64- or 128-key tiles, 2 or 3 stages, 160 or 168
+   registers: the 128-key ones spill 120-370 bytes on the sm_90 compile), each the median of
+   ``--rounds`` interleaved rounds. TFLOP/s = 4·B·H·N²·d / t, halved when causal.
+
+Prints a table of TFLOP/s and each variant over two consumers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import torch
+from triton.testing import do_bench
+
+from flashtile import naive_attention
+from flashtile.kernels import hopper
+from flashtile.testing import assert_close_to_oracle
+
+# (BLOCK_N, NUM_STAGES, consumer registers) of the three-consumer kernel
+VARIANTS = [(64, 3, 160), (64, 2, 160), (128, 2, 168), (128, 2, 160)]
+
+
+def run_forward(q, k, v, causal: bool, consumers: int, variant=None):
+    """hopper.forward on (B, H, S, D) tensors with ``consumers`` warpgroups (and the
+    three-consumer ``variant``); returns (out, lse)."""
+    out = torch.empty_like(q)
+    with _consumers(consumers, variant):
+        lse = hopper.forward(q, k, v, out, q.shape[-1] ** -0.5, causal)
+    return out, lse
+
+
+class _consumers:
+    """FLASHTILE_GLUON_FWD_CONSUMERS and the three-consumer tiles and registers, for a block."""
+
+    def __init__(self, consumers: int, variant):
+        self.consumers, self.variant = consumers, variant
+
+    def __enter__(self):
+        self.saved = (os.environ.get(hopper.FORWARD_CONSUMERS_SWITCH), hopper.FORWARD_THREE_CONSUMER_TILES,
+                      dict(hopper.FORWARD_CONSUMER_REGS))
+        os.environ[hopper.FORWARD_CONSUMERS_SWITCH] = str(self.consumers)
+        if self.variant is not None:
+            block_n, stages, regs = self.variant
+            hopper.FORWARD_THREE_CONSUMER_TILES = (block_n, stages)
+            hopper.FORWARD_CONSUMER_REGS[3] = regs
+
+    def __exit__(self, *exc):
+        switch, tiles, regs = self.saved
+        if switch is None:
+            os.environ.pop(hopper.FORWARD_CONSUMERS_SWITCH, None)
+        else:
+            os.environ[hopper.FORWARD_CONSUMERS_SWITCH] = switch
+        hopper.FORWARD_THREE_CONSUMER_TILES = tiles
+        hopper.FORWARD_CONSUMER_REGS.clear()
+        hopper.FORWARD_CONSUMER_REGS.update(regs)
+
+
+def check(variant) -> str:
+    """The variant against the oracle on small odd problems; 'ok' or what failed."""
+    torch.manual_seed(0)
+    cases = [(2, 17, 17, 4, 4, False), (1, 113, 203, 8, 2, True), (1, 203, 113, 8, 1, False),
+             (1, 1000, 1000, 4, 2, True), (1, 1, 1023, 4, 4, True), (1, 4097, 1024, 2, 1, True)]
+    for batch, sq, sk, hq, hkv, causal in cases:
+        q = torch.randn(batch, hq, sq, 64, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, hkv, sk, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        out, lse = run_forward(q, k, v, causal, 3, variant)
+        oracle, oracle_lse = naive_attention(q, k, v, causal=causal, layout="bhsd", upcast=True, return_lse=True)
+        baseline, baseline_lse = naive_attention(q, k, v, causal=causal, layout="bhsd", upcast=False,
+                                                 return_lse=True)
+        try:
+            assert_close_to_oracle("out", out, oracle, baseline)
+            assert_close_to_oracle("lse", lse, oracle_lse, baseline_lse.float())
+        except AssertionError as error:
+            return f"FAILED at {(batch, sq, sk, hq, hkv, causal)}: {str(error).splitlines()[0][:120]}"
+    return "ok"
+
+
+def graph_ms(fn) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    for variant in VARIANTS:
+        print(f"three consumers {variant} (BLOCK_N, stages, registers) against the oracle: {check(variant)}",
+              flush=True)
+    names = ["two"] + [f"three {v}" for v in VARIANTS]
+    print(f"\nforward TFLOP/s, CUDA graphs, d64, 16k tokens, 32 heads, bf16; median of {args.rounds} rounds")
+    print(f"{'causal':>6} {'N':>6} | " + " | ".join(f"{name:>20}" for name in names))
+    for causal in (False, True):
+        for seqlen in args.seqlens:
+            batch, heads = max(16384 // seqlen, 1), 32
+            q, k, v = (torch.randn(batch, heads, seqlen, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            flops = 4 * batch * heads * seqlen * seqlen * 64 / (2 if causal else 1)
+            times = {name: [] for name in names}
+            for _ in range(args.rounds):
+                for name, consumers, variant in [("two", 2, None)] + [(f"three {v}", 3, v) for v in VARIANTS]:
+                    try:
+                        with _consumers(consumers, variant):
+                            out = torch.empty_like(q)
+                            times[name].append(graph_ms(
+                                lambda: hopper.forward(q, k, v, out, 0.125, causal)))
+                    except Exception as error:  # noqa: BLE001 - a variant that does not build: report, go on
+                        times[name].append(float("nan"))
+                        print(f"  {name}: {type(error).__name__}: {str(error).splitlines()[0][:100]}", flush=True)
+            rates = {name: flops / statistics.median(t) * 1e-9 for name, t in times.items()}
+            cells = [f"{rates['two']:20.0f}"] + [f"{rates[n]:9.0f} ({rates[n] / rates['two']:5.2f}x) "
+                                                  for n in names[1:]]
+            print(f"{'yes' if causal else 'no':>6} {seqlen:>6} | " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
