@@ -510,6 +510,7 @@ def test_deterministic_reaches_the_backward_op(monkeypatch):
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_the_gluon_forward_hands_its_kernel_descriptors_of_its_own_tiles(monkeypatch, head_dim):
     gluon_fwd = hopper._gluon()[0]
+    monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH, raising=False)  # two consumers: 128-row tiles
     launches = []
     monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
     q, out = (torch.randn(2, 6, 300, head_dim, dtype=torch.bfloat16) for _ in range(2))
@@ -537,6 +538,14 @@ def test_three_consumer_warpgroups_run_only_where_asked_and_at_d64(monkeypatch):
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "three")
     with pytest.raises(ValueError, match="FLASHTILE_GLUON_FWD_CONSUMERS: expected auto, 2 or 3, got 'three'"):
         hopper.forward_consumers(64)
+    # a three-consumer kernel that fails to build is remembered apart from the two-consumer one
+    q = torch.empty(1, 2, 16, 40, dtype=torch.bfloat16)
+    keys = {}
+    for value in ("2", "3"):
+        monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, value)
+        keys[value] = hopper._failure_key(False, q, causal=True)
+    assert keys["2"][0] == "forward" and keys["3"][0] == "three-consumer forward"
+    assert hopper._failure_key(True, q, causal=True)[0] == "backward"  # the backward has no such variant
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
@@ -647,6 +656,9 @@ GRID_THREE = [case for case in GRID if hopper.kernel_head_dim(case[1]) == 64]
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID_THREE, ids=[_case_id(case) for case in GRID_THREE])
 def test_gpu_gluon_forward_on_three_consumers(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal):
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "3")
+    chosen = []  # what hopper.forward chose: three consumers, not a silent two
+    choose = hopper.forward_consumers
+    monkeypatch.setattr(hopper, "forward_consumers", lambda head_dim: chosen.append(choose(head_dim)) or chosen[-1])
     sq, sk = seqlens
     index = GRID_THREE.index((dtype, headdim, seqlens, causal))
     heads_q, heads_kv = [(8, 1), (8, 2), (4, 4)][index % 3]
@@ -654,6 +666,7 @@ def test_gpu_gluon_forward_on_three_consumers(gluon_calls, monkeypatch, dtype, h
     check_case(2 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q, heads_kv, headdim, dtype, causal=causal,
                layout=layout, bhsd_as_view=index % 4 < 2)
     assert gluon_calls, "the call did not take the Gluon forward"
+    assert 3 in chosen and set(chosen) <= {3}, f"the forward chose {chosen} consumer warpgroups"
 
 
 @pytest.mark.gpu

@@ -10,8 +10,9 @@ written in session 19 and compiled for sm_90 on the CPU only. Here, on an H200:
    and not): the largest error and the tolerance rule's bound (flashtile.testing);
 2. the forward alone, CUDA graphs of ``hopper.forward`` (no host time), B·N = 16k tokens and
    H = 2048 / 64 = 32 heads, bf16, causal and not: two consumers (the config's tiles) and the
-   three-consumer variants of VARIANTS (64- or 128-key tiles, 2 or 3 stages, 160 or 168
-   registers: the 128-key ones spill 120-370 bytes on the sm_90 compile), each the median of
+   three-consumer variants of VARIANTS (64- or 128-key tiles, 2 or 3 stages, 160 registers a
+   worker consumer, 168 the default partition; the 128-key ones spill 200-370 bytes on the sm_90
+   compile), each the median of
    ``--rounds`` interleaved rounds. TFLOP/s = 4·B·H·N²·d / t, halved when causal.
 
 Prints a table of TFLOP/s and each variant over two consumers.
@@ -31,7 +32,7 @@ from flashtile.kernels import hopper
 from flashtile.testing import assert_close_to_oracle
 
 # (BLOCK_N, NUM_STAGES, consumer registers) of the three-consumer kernel
-VARIANTS = [(64, 3, 160), (64, 2, 160), (128, 2, 168), (128, 2, 160)]
+VARIANTS = [(64, 3, 160), (64, 2, 160), (128, 2, 160)]
 
 
 def run_forward(q, k, v, causal: bool, consumers: int, variant=None):
@@ -108,8 +109,11 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     for variant in VARIANTS:
-        print(f"three consumers {variant} (BLOCK_N, stages, registers) against the oracle: {check(variant)}",
-              flush=True)
+        try:
+            verdict = check(variant)
+        except Exception as error:  # noqa: BLE001 - a variant that does not build: report, go on
+            verdict = f"ERROR {type(error).__name__}: {str(error).splitlines()[0][:100]}"
+        print(f"three consumers {variant} (BLOCK_N, stages, registers) against the oracle: {verdict}", flush=True)
     names = ["two"] + [f"three {v}" for v in VARIANTS]
     print(f"\nforward TFLOP/s, CUDA graphs, d64, 16k tokens, 32 heads, bf16; median of {args.rounds} rounds")
     print(f"{'causal':>6} {'N':>6} | " + " | ".join(f"{name:>20}" for name in names))
@@ -129,7 +133,9 @@ def main() -> None:
                     except Exception as error:  # noqa: BLE001 - a variant that does not build: report, go on
                         times[name].append(float("nan"))
                         print(f"  {name}: {type(error).__name__}: {str(error).splitlines()[0][:100]}", flush=True)
-            rates = {name: flops / statistics.median(t) * 1e-9 for name, t in times.items()}
+            # (a variant that failed in any round reads nan)
+            rates = {name: flops / statistics.median(t) * 1e-9 if all(x == x for x in t) else float("nan")
+                     for name, t in times.items()}
             cells = [f"{rates['two']:20.0f}"] + [f"{rates[n]:9.0f} ({rates[n] / rates['two']:5.2f}x) "
                                                   for n in names[1:]]
             print(f"{'yes' if causal else 'no':>6} {seqlen:>6} | " + " | ".join(cells), flush=True)

@@ -182,8 +182,9 @@ def _fwd_pingpong_kernel(
     heads fastest within a group: q_tile_of_program). Descriptors: q_desc and o_desc over
     (B, Hq, Sq, D) with a (1, 1, BLOCK_M / CONSUMERS, D) block, k_desc and v_desc over
     (B, Hkv, Sk, D) with (1, 1, BLOCK_N, D). CONSUMERS: 2 warpgroups of BLOCK_M / 2 rows, or 3
-    (FlashAttention-3's d64 forward: 192-row tiles, more work in flight per K/V tile; the
-    registers per consumer thread then at most ~168, the 64K file shared by 13 warps).
+    (FlashAttention-3's d64 forward: 192-row tiles, more work in flight per K/V tile; the CTA
+    padded to 16 warps, the workers' CONSUMER_REGS and the default partition's share of the 64K
+    register file: 160 and 168).
     """
     gl.static_assert(num_warps == 4)
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3)

@@ -244,8 +244,11 @@ def _listed_takes(block_mask, head_dim: int, band: Band, backward: bool, choice:
 def _failure_key(backward: bool, q: torch.Tensor, *, causal: bool, mask=None) -> tuple:
     """What a kernel that failed to build is remembered by: the kernel, head dim, dtype and
     causality, and for the block-sparse kernels the mask_mod (MaskMod) compiled into them, so
-    that one mask Gluon cannot build leaves the others on the Gluon kernels."""
+    that one mask Gluon cannot build leaves the others on the Gluon kernels; the dense forward on
+    three consumer warpgroups (forward_consumers) apart from the one on two."""
     kernel = ("block-sparse " if mask is not None else "") + ("backward" if backward else "forward")
+    if not backward and mask is None and forward_consumers(kernel_head_dim(q.shape[3]) or 0) == 3:
+        kernel = "three-consumer forward"
     return (kernel, q.shape[3], q.dtype, causal, mask)
 
 
@@ -455,10 +458,11 @@ def causal_heads_per_group(causal: bool, rows: int, seqlen: int, head_dim: int, 
 # The dense forward's consumer warpgroups (gluon_fwd._fwd_pingpong_kernel's CONSUMERS), 64 query
 # rows each, and the registers of a consumer thread: two (240 registers), or at kernel head dim
 # 64 three, as FlashAttention-3's d64 forward runs (192-row tiles: more matmul work in flight per
-# K/V tile, where d64's products are short); 13 warps then share the 64K register file, so at
-# most 168 per consumer thread. FLASHTILE_GLUON_FWD_CONSUMERS: auto (two: three were written in
-# session 19 and compiled for sm_90 on the CPU, not yet run on a GPU), 2, or 3 (d64 only; other
-# head dims keep two).
+# K/V tile, where d64's products are short). The CTA is then padded to 16 warps, and 128 threads ·
+# (default partition + 2 · CONSUMER_REGS + 24) registers must fit the 64K file: at 160 a thread
+# the default partition (the first consumer) gets 168; at 168 it would get 152.
+# FLASHTILE_GLUON_FWD_CONSUMERS: auto (two: three were written in session 19 and compiled for
+# sm_90 on the CPU, not yet run on a GPU), 2, or 3 (kernel head dim 64 only; others keep two).
 FORWARD_CONSUMERS_SWITCH = "FLASHTILE_GLUON_FWD_CONSUMERS"
 FORWARD_CONSUMER_REGS = {2: 240, 3: 160}
 # The three consumers' (BLOCK_N, NUM_STAGES): 64-key tiles, because with 128 the consumer's S of
