@@ -26,6 +26,8 @@ bf16, batch 1, heads 16, headdim 128, N = --seqlen (default 16384). Rows, fwd / 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import statistics
 
 import torch
 from timing import median_ms
@@ -103,71 +105,85 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--seqlen", type=int, default=16384)
     p.add_argument("--docs", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds over every row, each row's times the median of its rounds (rows of equal GPU work "
+                        "read up to 8%% apart in one pass, session 19)")
     p.add_argument("--no-flex", action="store_true")
     p.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (meaningless times)")
     args = p.parse_args()
     n, heads, d, batch, device = args.seqlen, 16, 128, 1, args.device
     q, k, v = (torch.randn(batch, n, heads, d, device=device, dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
-    rows = []  # (name, visited tile fraction or None, flashtile (fwd, bwd, step) ms, flex's mask: ids or None)
-    base = time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, causal=True), q, k, v)
-    rows.append(("built-in causal", None, base, None))  # no block mask: its tiles are the config's
-    with triton_kernels_only():
-        rows.append(("built-in causal, Triton", None,
-                     time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, causal=True), q, k, v), None))
+    rows = []  # (name, visited tile fraction or None, fn(q, k, v), flex's mask: ids or None, Triton kernels only)
+    rows.append(("built-in causal", None, lambda q, k, v: flashtile.attention(q, k, v, causal=True), None, False))
+    rows.append(("built-in causal, Triton", None, lambda q, k, v: flashtile.attention(q, k, v, causal=True), None,
+                 True))
     causal = causal_mask()
     # create_block_mask's default key tiles are the kernels' choice: 64 keys on the Triton kernels,
     # 128 where the block-sparse Gluon forward runs (block_n=None; hopper._forward_block_mask).
     block = flashtile.create_block_mask(causal, 1, 1, n, n, device=device)
     rows.append(("mask_mod causal", block.visited_fraction,
-                 time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal, block_mask=block), q, k, v),
-                 None))
+                 lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal, block_mask=block), None, False))
     # The same mask on tiles given: 128 × 64 (the Triton kernels' and the default before session
     # 15) and 128 × 128 (the built-in causal's at this size), to tell the tile shape from the mask.
     narrow = flashtile.create_block_mask(causal, 1, 1, n, n, device=device, block_n=64)
     rows.append(("mask_mod causal, 128x64", narrow.visited_fraction,
-                 time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal, block_mask=narrow),
-                              q, k, v), None))
+                 lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal, block_mask=narrow), None, False))
     square = flashtile.create_block_mask(causal, 1, 1, n, n, device=device, block_n=128)
-    try:
-        rows.append(("mask_mod causal, 128x128", square.visited_fraction,
-                     time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal, block_mask=square),
-                                  q, k, v), None))
-    except Exception as e:  # noqa: BLE001 - e.g. a tile shape whose backward does not fit: report, go on
-        print(f"mask_mod causal, 128x128: {type(e).__name__}: {str(e)[:100]}", flush=True)
+    rows.append(("mask_mod causal, 128x128", square.visited_fraction,
+                 lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal, block_mask=square), None, False))
     # A mask_mod given without a block mask: attention() builds one (once, cached) with its default
     # tiles (128 × 128 where the block-sparse Gluon forward takes them, else 128 × 64).
-    rows.append(("mask_mod causal, by default", None,
-                 time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal), q, k, v), None))
+    rows.append(("mask_mod causal, by default", None, lambda q, k, v: flashtile.attention(q, k, v, mask_mod=causal),
+                 None, False))
     for docs in args.docs:
         ids, mask, bm = causal_documents(n, docs, device)
         rows.append((f"document mask ({docs} docs)", bm.visited_fraction,
-                     time_fwd_bwd(lambda q, k, v: flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm), q, k, v),
-                     ids))
+                     lambda q, k, v, mask=mask, bm=bm: flashtile.attention(q, k, v, mask_mod=mask, block_mask=bm),
+                     ids, False))
     # flashtile's rows first, so that FlexAttention's compiles cannot cost them to a time limit.
+    ours = timed_in_rounds([(name, fn, triton_only) for name, _, fn, _, triton_only in rows], q, k, v, args.rounds)
+    base = ours["built-in causal"]
     print(f"N={n}, heads {heads}, headdim {d}, bf16, causal; fwd / bwd / step ms (bwd: alone, retain_graph; "
-          "step: fwd + torch.autograd.grad); 'tiles' = visited fraction of all tiles")
+          f"step: fwd + torch.autograd.grad), medians of {args.rounds} rounds; 'tiles' = visited fraction of all tiles")
     print(f"{'':28s} {'tiles':>6} | {'flashtile':>27} | {'vs built-in':>21}")
-    for name, tiles, times, _ in rows:
+    for name, tiles, _, _, _ in rows:
+        if name not in ours:
+            continue
         shown = "-" if tiles is None else f"{tiles:.3f}"
-        print(f"{name:28s} {shown:>6} | {_three(times, '7.2f')} | {_three(_over(times, base), '5.2f')}", flush=True)
+        print(f"{name:28s} {shown:>6} | {_three(ours[name], '7.2f')} | {_three(_over(ours[name], base), '5.2f')}",
+              flush=True)
     if args.no_flex:
         return
+    # (flex's default tiles are 128 × 128 already; the default row is the first one again)
+    flex_rows = [(name, flex_fn(ids, True, batch, heads, n, device), False) for name, _, _, ids, _ in rows
+                 if name in ours and not ("128x" in name or "default" in name or name.startswith("built-in"))]
+    theirs = timed_in_rounds([row for row in flex_rows if row[1] is not None], q, k, v, args.rounds)
     print(f"{'FlexAttention, same mask':28s} {'':>6} | {'flex':>27} | "
           "flex time / flashtile time (> 1: flashtile faster)")
-    for name, _, times, ids in rows[1:]:
-        # (flex's default tiles are 128 × 128 already; the default row is the first one again)
-        if "128x" in name or "default" in name or name.startswith("built-in"):
-            continue
-        flex = flex_fn(ids, True, batch, heads, n, device)
-        if flex is None:
-            continue
-        try:
-            theirs = time_fwd_bwd(flex, q, k, v)
-            print(f"{name:28s} {'':>6} | {_three(theirs, '7.2f')} | {_three(_over(theirs, times), '5.2f')}",
-                  flush=True)
-        except Exception as e:  # noqa: BLE001 - a baseline's failure must not end the run
-            print(f"{name:28s} flex error ({type(e).__name__}: {str(e)[:60]})", flush=True)
+    for name, times in theirs.items():
+        print(f"{name:28s} {'':>6} | {_three(times, '7.2f')} | {_three(_over(times, ours[name]), '5.2f')}",
+              flush=True)
+
+
+def timed_in_rounds(rows, q, k, v, rounds: int) -> dict:
+    """{name: (fwd, bwd, step) ms, each the median of ``rounds`` rounds over every row in turn} of
+    ``rows`` (name, fn, whether on the Triton kernels only). A row that raises (e.g. a tile shape
+    whose backward does not fit) is reported once and left out."""
+    times, failed = {name: [] for name, _, _ in rows}, set()
+    for _ in range(rounds):
+        for name, fn, triton_only in rows:
+            if name in failed:
+                continue
+            try:
+                with triton_kernels_only() if triton_only else contextlib.nullcontext():
+                    times[name].append(time_fwd_bwd(fn, q, k, v))
+            except Exception as e:  # noqa: BLE001 - one row's failure must not end the run
+                failed.add(name)
+                print(f"{name}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+    return {name: tuple(statistics.median(run[i] for run in runs) for i in range(3))
+            for name, runs in times.items() if name not in failed}
+
 
 if __name__ == "__main__":
     main()
