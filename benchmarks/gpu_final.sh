@@ -127,7 +127,7 @@ case ${1:-tests} in
       > "$OUT/speed.log" 2>&1
     step env timeout 90 python3 benchmarks/decode.py > "$OUT/decode.log" 2>&1
     step env timeout 100 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
-    step env timeout 110 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
+    step env timeout 150 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
     step env timeout 50 python3 benchmarks/memory_scaling.py > "$OUT/memory.log" 2>&1
     tail -22 "$OUT/speed.log"; cat "$OUT/decode.log" "$OUT/variants.log" "$OUT/masks.log" "$OUT/memory.log"
     cat "$OUT/times.txt" ;;
@@ -149,7 +149,7 @@ case ${1:-tests} in
     step env timeout 60 python3 benchmarks/decode.py --no-flex --batches 32 --heads 32 --programs-per-sm 4 \
       >> "$OUT/decode.log" 2>&1
     step env timeout 100 python3 benchmarks/variants.py > "$OUT/variants.log" 2>&1
-    step env timeout 120 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
+    step env timeout 160 python3 benchmarks/masks.py > "$OUT/masks.log" 2>&1
     step env timeout 60 python3 benchmarks/kernel_times.py >> "$OUT/variants.log" 2>&1
     if [[ -n "${OLD_SRC:-}" ]]; then  # the same two on an older src/ tree (see extra), for an A/B in one call
       { echo "== OLD_SRC=$OLD_SRC"; } | tee -a "$OUT/variants.log" >> "$OUT/masks.log"
