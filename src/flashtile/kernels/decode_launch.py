@@ -9,7 +9,7 @@ import triton
 
 from ..masks import Band
 from . import fast_launch
-from .common import padded_head_dim
+from .common import cdiv, padded_head_dim
 from .configs import interpreting
 from .decode import _combine_splits_kernel, _decode_kernel
 from .launch import _alibi_args, _dot_precision, _qk_scale
@@ -45,7 +45,7 @@ def choose_num_splits(batch: int, heads_kv: int, m_blocks: int, max_keys: int, d
     sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
     programs = max(batch * heads_kv * m_blocks, 1)
     target = PROGRAMS_PER_SM if programs <= PROGRAMS_PER_SM * sms else LARGE_GRID_PROGRAMS_PER_SM
-    return max(1, min(target * sms // programs, triton.cdiv(max_keys, 256), 64))
+    return max(1, min(target * sms // programs, cdiv(max_keys, 256), 64))
 
 
 def _key_block(page_size: int | None) -> int:
@@ -92,7 +92,7 @@ def decode_attention_triton(
     max_keys = block_table.shape[1] * page_size if block_table is not None else k_cache.shape[1]
     rows = seqlen_q * group
     block_m = max(16, min(64, triton.next_power_of_2(rows)))
-    m_blocks = triton.cdiv(rows, block_m)
+    m_blocks = cdiv(rows, block_m)
     if num_splits <= 0:
         num_splits = choose_num_splits(batch, heads_kv, m_blocks, max_keys, q.device)
     block_n = _key_block(page_size)

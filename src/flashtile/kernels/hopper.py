@@ -47,7 +47,7 @@ from ..backends import compute_capability, cuda_index, interpreting
 from ..masks import Band
 from . import bwd, fast_launch, tma, tma_reduce_ptx
 from .common import LOG2E as _LOG2E_CONSTEXPR
-from .common import padded_head_dim
+from .common import cdiv, padded_head_dim
 
 LOG2E = _LOG2E_CONSTEXPR.value  # the kernels' log2(e) as a float, for the scale the host works out
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
@@ -494,13 +494,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     if block_mask is not None:
         block_mask = _forward_block_mask(block_mask, head_dim)
         _listed_forward(gluon_fwd, q, k, v, out, lse, softmax_scale, block_mask, head_dim,
-                        triton.cdiv(seqlen_q, BLOCK_M))
+                        cdiv(seqlen_q, BLOCK_M))
         return lse
     consumers = forward_consumers(head_dim)
     block_n, num_stages = _config(head_dim, seqlen_k) if consumers == 2 else FORWARD_THREE_CONSUMER_TILES
     part_m = BLOCK_M // 2  # rows per consumer warpgroup
     block_m = part_m * consumers
-    num_m_blocks = triton.cdiv(seqlen_q, block_m)
+    num_m_blocks = cdiv(seqlen_q, block_m)
     group = heads_q // heads_kv
     heads_per_group = causal_heads_per_group(causal, batch * heads_q, seqlen_k, head_dim, q.element_size(),
                                              shared_by=group)
@@ -668,7 +668,7 @@ def backward(q, k, v, out, dout, lse, dlse, softmax_scale: float, causal: bool, 
     tiles only, every output with one writer."""
     head_dim = kernel_head_dim(q.shape[3])  # the kernels' width: D, or D's columns and zeros
     batch, heads_q, seqlen_q, _ = q.shape
-    s_pad = triton.cdiv(seqlen_q, STATS_ROWS) * STATS_ROWS
+    s_pad = cdiv(seqlen_q, STATS_ROWS) * STATS_ROWS
     lse2 = torch.empty(batch * heads_q, s_pad, dtype=torch.float32, device=q.device)
     delta = torch.empty_like(lse2)
     stats = _RowStats(out, dout, lse, dlse, lse2, delta)
@@ -762,7 +762,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     dq_acc = torch.zeros(batch * heads_q * s_pad, head_dim, dtype=torch.float32, device=q.device)
     box = (block_m, head_dim // 2)
     dq_acc_desc = _descriptor(dq_acc, box, _sum_layout(box))
-    num_n_blocks = triton.cdiv(seqlen_k, block_n)
+    num_n_blocks = cdiv(seqlen_k, block_n)
     group = heads_q // heads_kv
     heads_per_group = causal_heads_per_group(causal, batch * heads_kv, seqlen_q, head_dim, q.element_size(),
                                              streams_for=group)
@@ -783,7 +783,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     )
     rows = 64
     fast_launch.launch(
-        gluon_bwd_fused._dq_convert, (batch * heads_q, triton.cdiv(seqlen_q, rows)),
+        gluon_bwd_fused._dq_convert, (batch * heads_q, cdiv(seqlen_q, rows)),
         dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), heads_q, seqlen_q, dq.shape[3], s_pad, softmax_scale,
         HEAD_DIM=head_dim, BLOCK=rows,
     )
@@ -840,7 +840,7 @@ def _listed_backward(q, k, v, dout, stats, softmax_scale, dq, dk, dv, head_dim, 
     buffer = block_mask.mask_buffer
     rows, keys = block_mask.backward_blocks
     (indices, partial, count, order, _), strides, _ = block_mask.lists("dq")
-    num_m_blocks = triton.cdiv(seqlen_q, rows)
+    num_m_blocks = cdiv(seqlen_q, rows)
     stats_args, stats_constexprs = stats.for_dq_kernel(seqlen_k, block_sparse=True)
     fast_launch.launch(
         gluon_bwd._dq_listed_kernel, (num_m_blocks * batch * heads_q,),
@@ -852,7 +852,7 @@ def _listed_backward(q, k, v, dout, stats, softmax_scale, dq, dk, dv, head_dim, 
     )
     rows, keys = block_mask.dkdv_blocks
     (indices, partial, count, order, _), strides, _ = block_mask.lists("dkdv")
-    num_n_blocks = triton.cdiv(seqlen_k, keys)
+    num_n_blocks = cdiv(seqlen_k, keys)
     fast_launch.launch(
         gluon_bwd._dkdv_listed_kernel, (num_n_blocks * batch * heads_kv,),
         tile(q, rows), tile(dout, rows), tile(k, keys // 2), tile(v, keys // 2), tile(dk, keys // 2),
@@ -873,7 +873,7 @@ def _seven_product_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk,
     qk_scale = softmax_scale * LOG2E
     group = heads_q // heads_kv
     block_m, block_n, stages = BWD_DQ[head_dim]
-    num_m_blocks = triton.cdiv(seqlen_q, block_m)
+    num_m_blocks = cdiv(seqlen_q, block_m)
     stats_args, stats_constexprs = stats.for_dq_kernel(seqlen_k, block_sparse=False)
     fast_launch.launch(
         gluon_bwd._dq_kernel, (num_m_blocks * batch * heads_q,),
@@ -885,7 +885,7 @@ def _seven_product_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4,
     )
     block_m, block_n, stages = BWD_DKDV[head_dim]
-    num_n_blocks = triton.cdiv(seqlen_k, block_n)
+    num_n_blocks = cdiv(seqlen_k, block_n)
     if head_dim > 128:  # a CTA's keys shared by both warpgroups, one gradient each
         dkdv_kernel, kv_rows, wide = gluon_bwd_wide._dkdv_wide_kernel, block_n, dict(P_BUFFERS=WIDE_P_BUFFERS)
     else:  # each warpgroup its half of the CTA's keys, both gradients

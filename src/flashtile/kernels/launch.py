@@ -11,14 +11,13 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
-import triton
 from triton.runtime.errors import OutOfResources
 
 from ..masks import Band
 from . import autotune, fast_launch, hopper, tma
 from .bwd import PREPROCESS_ROWS, _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
 from .common import LOG2E as _LOG2E_CONSTEXPR
-from .common import padded_head_dim
+from .common import cdiv, padded_head_dim
 from .configs import backward_configs, forward_config
 from .padding import fill_rows_outside
 from .fwd import _fwd_kernel
@@ -210,7 +209,7 @@ def attention_forward_triton(
     use_tma = tma.wanted(varlen, k, v)
 
     def launch(cfg):
-        num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
+        num_m_blocks = cdiv(seqlen_q, cfg.BLOCK_M)
         descriptors, (desc_k, desc_v) = tma.launch_tiles(use_tma, (k, v), cfg.BLOCK_N, head_dim_padded,
                                                          cfg.num_stages)
         fast_launch.launch(
@@ -330,7 +329,7 @@ def attention_backward_triton(
     window = (band.left or 0, band.right or 0)
     qk_scale = _qk_scale(softmax_scale, softcap)
 
-    num_m_pre = triton.cdiv(seqlen_q, PREPROCESS_ROWS)
+    num_m_pre = cdiv(seqlen_q, PREPROCESS_ROWS)
     fast_launch.launch(
         _bwd_preprocess, (num_m_pre * batch * heads_q,),
         out, dout, dlse if dlse is not None else delta, delta, cu_q, lse, delta,
@@ -343,7 +342,7 @@ def attention_backward_triton(
     use_tma = tma.wanted(varlen, q, k, v, dout)
 
     def launch_dkdv(cfg):
-        num_n_blocks = triton.cdiv(seqlen_k, cfg.BLOCK_N)
+        num_n_blocks = cdiv(seqlen_k, cfg.BLOCK_N)
         descriptors, (desc_q, desc_do) = tma.launch_tiles(use_tma, (q, dout), cfg.BLOCK_M, head_dim_padded,
                                                           cfg.num_stages)
         fast_launch.launch(
@@ -358,7 +357,7 @@ def attention_backward_triton(
         )
 
     def launch_dq(cfg):
-        num_m_blocks = triton.cdiv(seqlen_q, cfg.BLOCK_M)
+        num_m_blocks = cdiv(seqlen_q, cfg.BLOCK_M)
         descriptors, (desc_k, desc_v) = tma.launch_tiles(use_tma, (k, v), cfg.BLOCK_N, head_dim_padded,
                                                          cfg.num_stages)
         fast_launch.launch(

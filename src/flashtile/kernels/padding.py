@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from . import fast_launch
+from .common import cdiv
 from .configs import interpreting
 
 _PROGRAMS = 128  # enough to write a long tail quickly; with no padding each exits at once
@@ -48,7 +49,7 @@ def fill_rows_outside(x: torch.Tensor, cu_seqlens: torch.Tensor, value: float) -
         return
     block_c = min(512, triton.next_power_of_2(cols))
     block_r = max(1, 4096 // block_c)
-    programs = 1 if interpreting() else min(_PROGRAMS, triton.cdiv(total, block_r))
+    programs = 1 if interpreting() else min(_PROGRAMS, cdiv(total, block_r))
     fast_launch.launch(
         _fill_rows_outside_kernel, (programs,),
         x, cu_seqlens, cu_seqlens.shape[0] - 1, total, cols, x.stride(0), x.stride(1), float(value),
