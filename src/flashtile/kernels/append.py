@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from . import fast_launch
+from .common import next_power_of_2
 from .configs import interpreting
 
 
@@ -71,8 +72,8 @@ def append_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     lengths = cache_seqlens.contiguous()
     batch_idx = cache_batch_idx.contiguous() if cache_batch_idx is not None else lengths  # dummy unless used
     table = block_table.contiguous() if block_table is not None else lengths  # dummy unless PAGED
-    block_d = triton.next_power_of_2(head_dim)
-    block_h = min(triton.next_power_of_2(heads_kv), max(1, 4096 // block_d))  # <= 4096 elements a copy
+    block_d = next_power_of_2(head_dim)
+    block_h = min(next_power_of_2(heads_kv), max(1, 4096 // block_d))  # <= 4096 elements a copy
     fast_launch.launch(
         _append_kv_kernel, (batch * seqlen_new,),
         k, v, k_cache, v_cache, lengths, batch_idx, table,

@@ -16,14 +16,21 @@ LN2 = tl.constexpr(0.6931471805599453)
 def padded_head_dim(head_dim: int) -> int:
     """The kernels' HEAD_DIM_PADDED: tl.dot needs at least 16 along every dimension, and tiles
     are powers of two."""
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_power_of_2(head_dim))
 
 
+# Host-side twins of triton.cdiv and triton.next_power_of_2, for grids, padded lengths and tile
+# sizes: since Triton 3.6 those are constexpr functions whose every call unwraps its arguments
+# (1.9 µs on a fast CPU against 0.02-0.1 µs here), and a training step's or a decode step's
+# launch path asks for several.
 def cdiv(a: int, b: int) -> int:
-    """ceil(a / b) of two host ints, for grids and padded lengths. Not triton.cdiv: since Triton
-    3.6 that is a constexpr function whose every call unwraps its arguments (1.9 µs on a fast CPU
-    against 0.02 µs here), and a training step's launch path asks for 4 to 8 of them."""
+    """ceil(a / b) of two host ints."""
     return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n, for a host int n >= 0 (0 for 0, as triton's)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 @triton.jit

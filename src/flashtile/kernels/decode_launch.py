@@ -5,11 +5,10 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
 from ..masks import Band
 from . import fast_launch
-from .common import cdiv, padded_head_dim
+from .common import cdiv, next_power_of_2, padded_head_dim
 from .configs import interpreting
 from .decode import _combine_splits_kernel, _decode_kernel
 from .launch import _alibi_args, _dot_precision, _qk_scale
@@ -91,7 +90,7 @@ def decode_attention_triton(
     page_size = k_cache.shape[1] if block_table is not None else None
     max_keys = block_table.shape[1] * page_size if block_table is not None else k_cache.shape[1]
     rows = seqlen_q * group
-    block_m = max(16, min(64, triton.next_power_of_2(rows)))
+    block_m = max(16, min(64, next_power_of_2(rows)))
     m_blocks = cdiv(rows, block_m)
     if num_splits <= 0:
         num_splits = choose_num_splits(batch, heads_kv, m_blocks, max_keys, q.device)
@@ -142,7 +141,7 @@ def combine_splits(out_parts: torch.Tensor, lse_parts: torch.Tensor, dtype: torc
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         seqlen_q, heads_q, splits,
         HEAD_DIM=head_dim, HEAD_DIM_PADDED=padded_head_dim(head_dim),
-        SPLITS_PADDED=max(2, triton.next_power_of_2(splits)),
+        SPLITS_PADDED=max(2, next_power_of_2(splits)),
         num_warps=1 if interpreting() else 4,
     )
     return out, lse

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from . import fast_launch
-from .common import cdiv
+from .common import cdiv, next_power_of_2
 from .configs import interpreting
 
 _PROGRAMS = 128  # enough to write a long tail quickly; with no padding each exits at once
@@ -47,7 +47,7 @@ def fill_rows_outside(x: torch.Tensor, cu_seqlens: torch.Tensor, value: float) -
     total, cols = x.shape
     if total == 0 or cols == 0:
         return
-    block_c = min(512, triton.next_power_of_2(cols))
+    block_c = min(512, next_power_of_2(cols))
     block_r = max(1, 4096 // block_c)
     programs = 1 if interpreting() else min(_PROGRAMS, cdiv(total, block_r))
     fast_launch.launch(
