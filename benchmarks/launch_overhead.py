@@ -24,6 +24,7 @@ import argparse
 import time
 
 import torch
+from timing import graph_ms
 
 import flashtile
 
@@ -52,20 +53,6 @@ def host_ms_per_call(fn, device: torch.device, calls: int = 50) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
     return elapsed / calls * 1e3
-
-
-def graph_ms(fn) -> float:
-    """GPU milliseconds of ``fn`` replayed from a CUDA graph (no host work per call)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):  # warm up: compile and cache outside the capture
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return median_ms(graph.replay, "cuda")
 
 
 def report(label: str, fn, device: torch.device, graphable: bool) -> None:

@@ -9,9 +9,26 @@ from __future__ import annotations
 
 import torch
 
-from flashtile.bench.harness import Timer
-
 
 def median_ms(fn, device: torch.device | str, warmup: int = 10, rep: int = 50) -> float:
     """Median milliseconds of ``fn()``; ``warmup``/``rep`` are do_bench's (ms) on CUDA."""
+    # (imported here: graph_ms also serves scripts that time older flashtile trees, which lack the harness)
+    from flashtile.bench.harness import Timer
+
     return Timer(torch.device(device), warmup_ms=warmup, rep_ms=rep).median(fn)
+
+
+def graph_ms(fn) -> float:
+    """GPU milliseconds of ``fn`` replayed from a CUDA graph (no host work per call)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm up: compile and cache outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    from triton.testing import do_bench
+
+    return do_bench(graph.replay, warmup=10, rep=50, return_mode="median")

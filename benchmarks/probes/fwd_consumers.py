@@ -23,13 +23,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 
 import torch
-from triton.testing import do_bench
 
 from flashtile import naive_attention
 from flashtile.kernels import hopper
 from flashtile.testing import assert_close_to_oracle
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from timing import graph_ms  # noqa: E402
 
 # (BLOCK_N, NUM_STAGES, consumer registers) of the three-consumer kernel
 VARIANTS = [(64, 3, 160), (64, 2, 160), (128, 2, 160)]
@@ -88,18 +91,6 @@ def check(variant) -> str:
         except AssertionError as error:
             return f"FAILED at {(batch, sq, sk, hq, hkv, causal)}: {str(error).splitlines()[0][:120]}"
     return "ok"
-
-
-def graph_ms(fn) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
 
 
 def main() -> None:
