@@ -200,7 +200,8 @@ def _fwd_pingpong_kernel(
     q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty = _pipeline_buffers(
         q_desc, k_desc, v_desc, PART_M, HEAD_DIM, BLOCK_N, NUM_STAGES, CONSUMERS)
 
-    # (argument tuples written out: building one as (0,) + rest does not trace)
+    # (argument tuples written out: building one as (0,) + rest does not trace; so each count of
+    # consumers has a call of its own)
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
