@@ -52,17 +52,19 @@ def triton_kernels_only():
     return environment({"FLASHTILE_GLUON": "0", "FLASHTILE_GLUON_BWD": "0"})
 
 
-def time_fwd_bwd(fn, q, k, v):
+def time_fwd_bwd(fn, q, k, v, warmup: int = 5, rep: int = 30):
     """(forward, backward, step) ms of ``fn(q, k, v)``. The backward alone, through
     ``retain_graph`` on one forward's graph, as flash-attn's, FlexAttention's and ``flashtile
     bench``'s own timings take it; the step is forward + ``torch.autograd.grad``, eager. Until
     session 19 the backward column was the step less a forward timed apart: on a host-bound cell
-    (16 documents) that difference of two host-bound timings swung by ±20% from run to run."""
+    (16 documents) that difference of two host-bound timings swung by ±20% from run to run.
+    ``warmup``, ``rep``: do_bench's, in ms."""
     out = fn(q, k, v)
     dout = torch.randn_like(out)
-    fwd = median_ms(lambda: fn(q, k, v), q.device, warmup=5, rep=30)
-    bwd = median_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), q.device, warmup=5, rep=30)
-    step = median_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), q.device, warmup=5, rep=30)
+    fwd = median_ms(lambda: fn(q, k, v), q.device, warmup=warmup, rep=rep)
+    bwd = median_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), q.device, warmup=warmup,
+                    rep=rep)
+    step = median_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), q.device, warmup=warmup, rep=rep)
     return fwd, bwd, step
 
 

@@ -36,7 +36,7 @@ from triton.testing import do_bench
 import flashtile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from launch_overhead import graph_ms  # noqa: E402  (a CUDA graph's replay, warmed up on a side stream)
+from timing import graph_ms  # noqa: E402  (a CUDA graph's replay, warmed up on a side stream)
 from masks import causal_documents  # noqa: E402
 
 

@@ -26,20 +26,14 @@ import torch
 import flashtile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from masks import causal_documents, flex_fn  # noqa: E402
-from timing import median_ms  # noqa: E402
+from masks import causal_documents, flex_fn, time_fwd_bwd  # noqa: E402
 
 MEASURES = ("fwd", "bwd alone", "step", "step - fwd")
 
 
 def measures(fn, q, k, v) -> dict:
-    """ms of each of MEASURES for ``fn(q, k, v)``."""
-    out = fn(q, k, v)
-    dout = torch.randn_like(out)
-    fwd = median_ms(lambda: fn(q, k, v), q.device, warmup=10, rep=60)
-    alone = median_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), q.device,
-                      warmup=10, rep=60)
-    step = median_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), q.device, warmup=10, rep=60)
+    """ms of each of MEASURES for ``fn(q, k, v)`` (masks.py's three, and masks.py's old backward)."""
+    fwd, alone, step = time_fwd_bwd(fn, q, k, v, warmup=10, rep=60)
     return {"fwd": fwd, "bwd alone": alone, "step": step, "step - fwd": step - fwd}
 
 

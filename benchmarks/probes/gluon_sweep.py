@@ -31,7 +31,8 @@ import flashtile
 from flashtile.kernels import hopper
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from launch_overhead import graph_ms, median_ms  # noqa: E402  (graph_ms: a CUDA graph's replay, no host time)
+from launch_overhead import median_ms  # noqa: E402
+from timing import graph_ms  # noqa: E402  (a CUDA graph's replay, no host time)
 
 # (BLOCK_N, NUM_STAGES) forward; backward (dK/dV (BLOCK_M, BLOCK_N, stages), dQ (BLOCK_M, BLOCK_N, stages)).
 CANDIDATES = {

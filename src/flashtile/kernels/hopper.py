@@ -247,7 +247,7 @@ def _failure_key(backward: bool, q: torch.Tensor, *, causal: bool, mask=None) ->
     that one mask Gluon cannot build leaves the others on the Gluon kernels; the dense forward on
     three consumer warpgroups (forward_consumers) apart from the one on two."""
     kernel = ("block-sparse " if mask is not None else "") + ("backward" if backward else "forward")
-    if not backward and mask is None and forward_consumers(kernel_head_dim(q.shape[3]) or 0) == 3:
+    if not backward and mask is None and kernel_head_dim(q.shape[3]) == 64 and forward_consumers(64) == 3:
         kernel = "three-consumer forward"
     return (kernel, q.shape[3], q.dtype, causal, mask)
 
