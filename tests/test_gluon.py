@@ -357,6 +357,8 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     (_, grid, args, const), (_, grid_convert, args_convert, const_convert) = launches
     assert const["HEAD_DIM"] == const_convert["HEAD_DIM"] == width and const["CAUSAL"]
     assert const["REDUCE_BY_PTX"] == (reduction == "ptx")
+    # a causal call: Q tiles last first at the head dims the table names (attempt 50)
+    assert const["Q_DESCENDING"] == hopper.FUSED_Q_DESCENDING.get(width, False)
     m, n = const["BLOCK_M"], const["BLOCK_N"]
     q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, sum_desc = args[:9]
     assert [d.base for d in (q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc)] == [q, dout, k, v, dk, dv]
@@ -451,7 +453,8 @@ def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_sam
     monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD_FUSED", raising=False)
     assert hopper.FUSED_UNDER_AUTO  # on since the epilogue's barrier ran on the H200 (session 13)
-    assert takes() and takes(seqlen_k=1024) and takes(causal=True) and not takes(seqlen_k=4096, causal=True)
+    assert takes() and takes(seqlen_k=1024) and takes(causal=True) and takes(seqlen_k=4096, causal=True)
+    assert not takes(seqlen_k=2048, causal=True)  # d128 causal from 4k keys (session 20)
     assert takes(head_dim=64) and takes(head_dim=64, seqlen_k=4096, causal=True)  # d64: 128-row tiles
     assert not takes(head_dim=64, seqlen_k=2048, causal=True) and not takes(head_dim=256)  # no d256 kernel
     assert not takes(deterministic=True)
@@ -476,7 +479,7 @@ def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_sam
     monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", False)
     assert not takes()
     monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", True)
-    assert takes() and not takes(seqlen_k=4096, causal=True) and not takes(deterministic=True)
+    assert takes() and not takes(seqlen_k=2048, causal=True) and not takes(deterministic=True)
     monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", False)
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
     assert takes() and takes(head_dim=64, seqlen_k=1024, causal=True) and not takes(deterministic=True)
@@ -863,6 +866,23 @@ NEEDS_FUSED = pytest.mark.skipif(not ON_HOPPER, reason="the five-product backwar
 def test_gpu_fused_backward_grid(fused_backward_calls, dtype, headdim, seqlens, causal):
     _check_backward_case(FUSED_GRID, dtype, headdim, seqlens, causal)
     assert fused_backward_calls, "the call did not take the five-product backward"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@NEEDS_FUSED
+@pytest.mark.parametrize("descending", [False, True], ids=["first-first", "last-first"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_fused_backward_visits_causal_q_tiles_in_either_order(fused_backward_calls, monkeypatch, head_dim,
+                                                                   descending):
+    # hopper.FUSED_Q_DESCENDING picks the order per head dim; both orders at both head dims,
+    # whatever the table says: GQA 6:2, q longer and shorter than k (bottom-right diagonal),
+    # and a length that ends inside a tile, against the float64 oracle.
+    monkeypatch.setitem(hopper.FUSED_Q_DESCENDING, head_dim, descending)
+    check_case(2, 700, 777, 6, 2, head_dim, torch.bfloat16, causal=True)
+    check_case(1, 900, 333, 6, 2, head_dim, torch.bfloat16, causal=True, layout="bhsd")
+    check_case(1, 203, 203, 2, 1, head_dim, torch.float16, causal=True)
+    assert len(fused_backward_calls) == 3
 
 
 @pytest.mark.gpu

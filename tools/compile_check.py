@@ -207,18 +207,20 @@ def gluon_variants(quick: bool):
     # that tma_reduce_ptx.py rewrites into it (what runs before 3.8; here under any Triton, so that
     # CI's ptxas assembles the rewritten instruction too).
     native = hopper._gluon_common().HAS_TMA_REDUCE
-    quick_cases = [(128, True, "bf16", False), (64, False, "bf16", True)]
-    cases = quick_cases if quick else [(128, True, "bf16", False), (128, False, "fp16", False),
-                                       (64, True, "bf16", False), (64, False, "bf16", False),
-                                       (128, False, "bf16", True), (64, True, "fp16", True)]
-    for d, causal, dtype, by_ptx in cases:
+    # (head dim, causal, dtype, reduction by PTX, Q tiles last first)
+    quick_cases = [(128, True, "bf16", False, False), (64, False, "bf16", True, False)]
+    cases = quick_cases if quick else [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
+                                       (64, True, "bf16", False, False), (64, False, "bf16", False, False),
+                                       (128, False, "bf16", True, False), (64, True, "fp16", True, False),
+                                       (128, True, "bf16", False, True), (64, True, "bf16", True, True)]
+    for d, causal, dtype, by_ptx, descending in cases:
         by_ptx = by_ptx or not native
         m, n, stages = hopper.BWD_FUSED[d]
         yield (f"gluon fused dkdv+dq d={d} {'causal' if causal else 'full'} {dtype} s{stages}"
-               f"{' ptx-reduce' if by_ptx else ''}",
+               f"{' ptx-reduce' if by_ptx else ''}{' q-descending' if descending else ''}",
                hopper._fused_module()._dkdv_dq_kernel,
                dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, REDUCE_BY_PTX=by_ptx,
-                    DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2, **regs), 4)
+                    Q_DESCENDING=descending, DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2, **regs), 4)
 
 
 def listed_variants(gluon_fwd, quick: bool, regs: dict):

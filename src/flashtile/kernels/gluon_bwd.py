@@ -89,12 +89,14 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                  q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
                  kv_ready, q_ready, do_ready, empty,
                  batch, head_kv, n_start, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
-                 HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+                 HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
+                 DESCENDING: gl.constexpr = False):
     """One warp: K, V halves once; then (Q, lse2) and (dO, Delta) of every visited Q tile of
-    every query head of the group, tile `it` into slot it % NUM_STAGES."""
+    every query head of the group (DESCENDING: stream_q_tiles), tile `it` into slot it % NUM_STAGES."""
     load_kv_halves(k_desc, v_desc, k_smem, v_smem, kv_ready, batch, head_kv, n_start, HALF_N)
     stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready,
-                   empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks, BLOCK_M, NUM_STAGES)
+                   empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks, BLOCK_M, NUM_STAGES,
+                   DESCENDING)
 
 
 @gluon.jit

@@ -50,7 +50,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from . import tma_reduce_ptx
 from .gluon_bwd import _dkdv_loader, _dkdv_tile, store_dkdv
 from .gluon_common import (accumulator_layout, init_q_ring_barriers, key_tile_of_program, partition_barrier,
-                           q_ring_barriers, q_ring_buffers, tma_reduce_add)
+                           q_ring_barriers, q_ring_buffers, q_tile_start, tma_reduce_add)
 
 
 @gluon.jit
@@ -59,7 +59,7 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
                     batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad,
                     qk_scale, softmax_scale,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                    CAUSAL: gl.constexpr, REDUCE_BY_PTX: gl.constexpr):
+                    CAUSAL: gl.constexpr, REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr):
     """One warpgroup: dK, dV of keys [n_start + half·HALF_N, +HALF_N); dQ columns
     [half·HEAD_DIM/2, +HEAD_DIM/2) of every streamed Q tile over the CTA's 2·HALF_N keys, staged
     in ``dq_stage`` (BLOCK_M × HEAD_DIM/2 float32, this warpgroup's) and added through
@@ -90,7 +90,7 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
     total = group_size * n_q_tiles
     for it in range(total):
         g = it // n_q_tiles
-        m_start = (first_tile + it - g * n_q_tiles) * BLOCK_M
+        m_start = q_tile_start(it - g * n_q_tiles, first_tile, n_q_tiles, BLOCK_M, Q_DESCENDING)
         slot = it % NUM_STAGES
         phase = (it // NUM_STAGES) & 1
         buffer = it % 2
@@ -152,13 +152,14 @@ def _dkdv_dq_kernel(
     heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad, qk_scale, softmax_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-    REDUCE_BY_PTX: gl.constexpr = False,
+    REDUCE_BY_PTX: gl.constexpr = False, Q_DESCENDING: gl.constexpr = False,
 ):
     """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile of one kv head, and its share of dQ added
     into the float32 sum behind ``dq_acc_desc`` ((B·Hq·S_pad, HEAD_DIM), zeroed, boxes of
     (BLOCK_M, HEAD_DIM / 2)). Grid and the other descriptors as gluon_bwd._dkdv_kernel's.
     ``REDUCE_BY_PTX``: the reduction issued as a TMA store for tma_reduce_ptx.py to rewrite
-    (a Triton whose Gluon lacks it; gluon_common.tma_reduce_add)."""
+    (a Triton whose Gluon lacks it; gluon_common.tma_reduce_add). ``Q_DESCENDING``: each
+    program visits its Q tiles last first (gluon_common.q_tile_start)."""
     gl.static_assert(num_warps == 4)
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = q_desc.dtype
@@ -183,14 +184,16 @@ def _dkdv_dq_kernel(
         (_fused_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage.index(0),
                            kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, batch, head_kv,
                            n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
-                           softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX)),
+                           softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX,
+                           Q_DESCENDING)),
         (_fused_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage.index(1),
                            kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, batch, head_kv,
                            n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
-                           softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX)),
+                           softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX,
+                           Q_DESCENDING)),
         (_dkdv_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                         lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty, batch, head_kv, n_start, heads_q,
-                        group_size, first_tile, n_q_tiles, n_q_blocks, HALF_N, BLOCK_M, NUM_STAGES)),
+                        group_size, first_tile, n_q_tiles, n_q_blocks, HALF_N, BLOCK_M, NUM_STAGES, Q_DESCENDING)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 

@@ -278,27 +278,44 @@ def kv_ring_barriers(NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr = 2):
 
 
 @gluon.jit
+def q_tile_start(t, first_tile, n_q_tiles, BLOCK_M: gl.constexpr, DESCENDING: gl.constexpr):
+    """First row of the ``t``-th Q tile a dK/dV program visits of a head (0 <= t < n_q_tiles):
+    first_tile + t, or with DESCENDING the last tile first. Under a causal mask the programs
+    that run at once start on different first tiles; visited last first, the ones that started
+    together walk the same Q tiles in step (as non-causal ones do), so their Q, dO and (in the
+    five-product kernel) dQ-sum tiles are shared in L2 rather than spread over a window of
+    tiles as wide as the grid's running programs."""
+    if DESCENDING:
+        return (first_tile + n_q_tiles - 1 - t) * BLOCK_M
+    return (first_tile + t) * BLOCK_M
+
+
+@gluon.jit
 def stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready,
                    empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
-                   BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+                   BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, DESCENDING: gl.constexpr = False):
     """The loader's loop of the dK/dV kernels: (Q, lse2) and (dO, Delta) of Q tiles
-    first_tile.. of every query head of kv head ``head_kv``'s group, tile ``it`` into ring
-    slot it % NUM_STAGES once the consumers have released the slot (its "empty" barrier)."""
+    first_tile.. of every query head of kv head ``head_kv``'s group (with DESCENDING the last
+    tile first: q_tile_start), tile ``it`` into ring slot it % NUM_STAGES once the consumers
+    have released the slot (its "empty" barrier)."""
     # Counters carried through the loop instead of divisions: slot/phase of the ring, the
     # Q tile within the head (m_start) and the head of the group (row of the stats buffers).
     total = group_size * n_q_tiles
     slot = 0
     phase = 0
-    m_start = first_tile * BLOCK_M
+    step: gl.constexpr = -BLOCK_M if DESCENDING else BLOCK_M
+    m_first = (n_q_blocks - 1) * BLOCK_M if DESCENDING else first_tile * BLOCK_M
+    m_past = (first_tile - 1) * BLOCK_M if DESCENDING else n_q_blocks * BLOCK_M
+    m_start = m_first
     head = head_kv * group_size
     for it in range(total):
         # a fresh mbarrier has completed the phase "before 0": the first lap passes at once
         mbarrier.wait(empty.index(slot), phase ^ 1)
         load_q_side_tile(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready,
                          do_ready, slot, batch, head, batch * heads_q + head, m_start)
-        m_start += BLOCK_M
-        if m_start == n_q_blocks * BLOCK_M:
-            m_start = first_tile * BLOCK_M
+        m_start += step
+        if m_start == m_past:
+            m_start = m_first
             head += 1
         slot += 1
         if slot == NUM_STAGES:
