@@ -317,7 +317,7 @@ case ${1:-tests} in
     done
     grep -E "^== |│ *(128|256) " "$OUT/tree-ab.log"; cat "$OUT/times.txt" ;;
   fwd3)
-    # Attempt 48 (session 19, untimed): the d64 forward on three consumer warpgroups
+    # Attempt 48 (session 19; session 20: 0.91-0.98x two consumers): the d64 forward on three consumer warpgroups
     # (FLASHTILE_GLUON_FWD_CONSUMERS=3). Its GPU tests and the two-consumer forward grid they sit
     # beside, then probes/fwd_consumers.py (each variant against the oracle, then CUDA-graph
     # TFLOP/s against two consumers), then flashtile bench's d64 forward with three consumers

@@ -4,7 +4,8 @@
 
 FLASHTILE_GLUON_FWD_CONSUMERS=3 runs gluon_fwd._fwd_pingpong_kernel at kernel head dim 64 with
 three 64-row consumer warpgroups (192-row Q tiles), as FlashAttention-3's d64 forward does;
-written in session 19 and compiled for sm_90 on the CPU only. Here, on an H200:
+written in session 19; session 20 ran this probe (0.91-0.98x two consumers with 64-key tiles,
+0.56-0.61x with 128-key ones; benchmarks/results/2026-12-01-h200-session20). On an H200:
 
 1. each three-consumer variant against the float64 oracle (odd lengths, q != k, GQA, causal
    and not): the largest error and the tolerance rule's bound (flashtile.testing);

@@ -461,13 +461,14 @@ def causal_heads_per_group(causal: bool, rows: int, seqlen: int, head_dim: int, 
 # K/V tile, where d64's products are short). The CTA is then padded to 16 warps, and 128 threads ·
 # (default partition + 2 · CONSUMER_REGS + 24) registers must fit the 64K file: at 160 a thread
 # the default partition (the first consumer) gets 168; at 168 it would get 152.
-# FLASHTILE_GLUON_FWD_CONSUMERS: auto (two: three were written in session 19 and compiled for
-# sm_90 on the CPU, not yet run on a GPU), 2, or 3 (kernel head dim 64 only; others keep two).
+# FLASHTILE_GLUON_FWD_CONSUMERS: auto (two: three ran 0.91-0.98x two on the H200 in session 20,
+# probes/fwd_consumers.py), 2, or 3 (kernel head dim 64 only; others keep two).
 FORWARD_CONSUMERS_SWITCH = "FLASHTILE_GLUON_FWD_CONSUMERS"
 FORWARD_CONSUMER_REGS = {2: 240, 3: 160}
 # The three consumers' (BLOCK_N, NUM_STAGES): 64-key tiles, because with 128 the consumer's S of
 # the next tile, P of this one and O (64 + 32 + 32 registers a thread) spill at 160 registers
-# (sm_90 compile, Triton 3.6 and 3.9: 200-370 bytes of stack; 120-128 at 168). Untimed.
+# (sm_90 compile, Triton 3.6 and 3.9: 200-370 bytes of stack; 120-128 at 168), and ran 0.56-0.61x
+# two consumers on the H200 (session 20), where 64-key tiles in 3 stages ran 0.91-0.98x.
 FORWARD_THREE_CONSUMER_TILES = (64, 3)
 
 
@@ -609,8 +610,9 @@ FUSED_UNDER_AUTO = True
 # 3.8, the GPU image's 3.6), its reduction a TMA store rewritten in the PTX (tma_reduce_ptx.py).
 # On since session 19 ran it on the H200 under 3.6: its GPU tests (256 passed), the oracle check
 # and timings of probes/fused_bwd.py (ahead of the seven-product kernels where
-# fused_measured_faster says but d128 causal at 8k keys, 0.97x), a racecheck whose hazards are
-# all in code Triton generates, as under 3.9 (benchmarks/results/2026-12-01-h200-session19).
+# fused_measured_faster says but d128 causal at 8k keys, 0.97x; 1.07x and 0.99x in session 20),
+# a racecheck whose hazards are all in code Triton generates, as under 3.9
+# (benchmarks/results/2026-12-01-h200-session19).
 PTX_REDUCE_UNDER_AUTO = True
 # Head dims at which a causal five-product backward's programs visit their Q tiles last first
 # (gluon_common.q_tile_start: programs started together then walk the same Q, dO and dQ-sum
