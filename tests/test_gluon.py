@@ -357,7 +357,7 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     (_, grid, args, const), (_, grid_convert, args_convert, const_convert) = launches
     assert const["HEAD_DIM"] == const_convert["HEAD_DIM"] == width and const["CAUSAL"]
     assert const["REDUCE_BY_PTX"] == (reduction == "ptx")
-    # a causal call: Q tiles last first at the head dims the table names (attempt 50)
+    # a causal call: Q tiles last first at the head dims the table names (attempt 51)
     assert const["Q_DESCENDING"] == hopper.FUSED_Q_DESCENDING.get(width, False)
     m, n = const["BLOCK_M"], const["BLOCK_N"]
     q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, sum_desc = args[:9]

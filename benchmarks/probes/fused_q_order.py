@@ -1,5 +1,5 @@
 """The causal five-product backward with each program's Q tiles visited last first, against first
-first (attempt 50): checked, then timed.
+first (attempt 51): checked, then timed.
 
     python benchmarks/probes/fused_q_order.py [--headdims 128 64] [--seqlens 2048 4096 8192 16384] [--rounds 3]
 

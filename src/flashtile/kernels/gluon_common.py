@@ -282,9 +282,9 @@ def q_tile_start(t, first_tile, n_q_tiles, BLOCK_M: gl.constexpr, DESCENDING: gl
     """First row of the ``t``-th Q tile a dK/dV program visits of a head (0 <= t < n_q_tiles):
     first_tile + t, or with DESCENDING the last tile first. Under a causal mask the programs
     that run at once start on different first tiles; visited last first, the ones that started
-    together walk the same Q tiles in step (as non-causal ones do), so their Q, dO and (in the
-    five-product kernel) dQ-sum tiles are shared in L2 rather than spread over a window of
-    tiles as wide as the grid's running programs."""
+    together walk the same Q tiles in step (as non-causal ones do) and share their Q, dO and
+    (in the five-product kernel) dQ-sum tiles, rather than spreading over a window of tiles as
+    wide as the grid's running programs (hopper.FUSED_Q_DESCENDING says where it was faster)."""
     if DESCENDING:
         return (first_tile + n_q_tiles - 1 - t) * BLOCK_M
     return (first_tile + t) * BLOCK_M

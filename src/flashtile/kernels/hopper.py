@@ -617,7 +617,7 @@ PTX_REDUCE_UNDER_AUTO = True
 # Head dims at which a causal five-product backward's programs visit their Q tiles last first
 # (gluon_common.q_tile_start: programs started together then walk the same Q, dO and dQ-sum
 # tiles in step, as non-causal ones do, instead of a window as wide as the running grid).
-# Attempt 50 (session 20, probes/fused_q_order.py, CUDA graphs, medians of 3 alternating
+# Attempt 51 (session 20, probes/fused_q_order.py, CUDA graphs, medians of 3 alternating
 # rounds, triton 3.6): d128 causal 2k / 4k / 8k / 16k 1.028 / 1.028 / 1.022 / 1.012x the
 # ascending order; d64 1.002 / 0.994 / 1.015 / 0.986x, within the rounds' spread, so not there.
 FUSED_Q_DESCENDING = {128: True}
@@ -637,7 +637,7 @@ def fused_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
     d64 (session 13, 128-row Q tiles, BWD_FUSED): 357 / 408 / 440 / 448 / 459 against 349 / 391 /
     392 / 398 / 402, causal 241 / 313 / 370 / 405 / 435 against 251 / 315 / 355 / 378 / 388, so
     causal from 4k keys (with attempt 36's 64-row tiles: -6% to +4%, ahead by 1-4% only from 4k
-    keys non-causal and at 16k causal). Session 20 (triton 3.6; attempt 50: the causal d128
+    keys non-causal and at 16k causal). Session 20 (triton 3.6; attempts 51 and 52: the causal d128
     kernel's Q tiles last first, its groups' L2 budget counting the dQ sum): d128 causal at 2k /
     4k / 8k 401 / 476 / 503 against 399 / 446 / 509; 4k keys alone had read 1.01-1.02x without
     them (sessions 19, 20), so d128 causal from 4k keys now, as d64."""
@@ -778,7 +778,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     group = heads_q // heads_kv
     # Each program streams its group's Q and dO (2-byte inputs) and adds into the dQ sum's rows
     # of those heads, as many bytes again in float32: both count against the group's L2 budget
-    # (session 20, attempt 50: at d128 causal 16k one head a group was 2.6% faster than two).
+    # (session 20, attempt 52: at d128 causal 16k one head a group was 2.6% faster than two).
     heads_per_group = causal_heads_per_group(causal, batch * heads_kv, seqlen_q, head_dim, q.element_size(),
                                              streams_for=2 * group)
     stats.preprocess()
