@@ -45,7 +45,7 @@
 #                                        # tests, probes/fwd_consumers.py, the d64 forward bench; ~400 s
 #   bash benchmarks/gpu_final.sh causal-gap # the causal five-product backward's extra time (session 20): the fixed
 #                                        # cost per program (probes/fused_program_cost.py, d128 and d64), then
-#                                        # Nsight Compute's stall statistics of probes/fused_bwd_ncu.py; ~120 s
+#                                        # Nsight Compute's stall statistics of probes/fused_bwd_ncu.py; ~300 s
 #   bash benchmarks/gpu_final.sh timeline   # probes/step_timeline.py: each kernel of an eager document-mask step,
 #                                        # its start, length and the GPU's idle gap before it; ~60 s
 #   bash benchmarks/gpu_final.sh gluon-all  # every Gluon GPU test (grids, auto dispatch, CUDA graph), then the
@@ -334,10 +334,11 @@ case ${1:-tests} in
     grep -A12 "fwd: TFLOP" "$OUT/bench-fwd3.log"; cat "$OUT/times.txt" ;;
   causal-gap)
     # Session 20: the fused kernel's causal time is 0.533 of its non-causal time against the
-    # dispatch model's 0.497, not memory-bound (ncu). A program's fixed cost, fitted from one
-    # non-causal workload cut into programs of 16 to 256 steps; then where the warps wait.
+    # dispatch model's 0.497, not DRAM- or L2-bound (ncu). A program's fixed cost, fitted from
+    # non-causal workloads of 8k and 16k keys cut into programs of different lengths; then
+    # where the warps wait.
     for d in 128 64; do
-      step timeout 150 python3 benchmarks/probes/fused_program_cost.py --headdim "$d" >> "$OUT/program-cost.log" 2>&1
+      step timeout 200 python3 benchmarks/probes/fused_program_cost.py --headdim "$d" >> "$OUT/program-cost.log" 2>&1
     done
     step timeout 200 /usr/local/cuda/bin/ncu --target-processes all -k regex:_dkdv_dq -c 2 --section WarpStateStats \
       --section SchedulerStats --section SourceCounters python3 benchmarks/probes/fused_bwd_ncu.py \

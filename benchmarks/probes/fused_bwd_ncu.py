@@ -11,7 +11,8 @@ SchedulerStats --section ComputeWorkloadAnalysis for issue and stall statistics.
 Session 20 found the fused kernel's causal time at 0.533 of its non-causal time where a model
 of the grid's dispatch gives 0.497 (docs/performance.md, attempt 51). Under ncu (clocks locked
 to base) both kernels read an L2 hit rate of 97-97.5% and DRAM throughput of 1.6-2.1% of peak,
-SM busy 61% non-causal and 58% causal, executed IPC 0.84 and 0.80: not bound by memory
+SM busy 61% non-causal and 58% causal, executed IPC 0.84 and 0.80: not bound by DRAM or L2
+(L1/shared-memory throughput 75% and 70%, the busiest unit)
 (benchmarks/results/2026-12-01-h200-session20/ncu-fused-*.log).
 """
 

@@ -375,7 +375,8 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
                 ("FLASHTILE_GLUON_BWD_FUSED",
                  "unset (auto: five products at d64, d128 where measured faster; 1: at every length; "
                  "before Triton 3.8 the reduction is a TMA store rewritten in the PTX)"),
-                ("FLASHTILE_GLUON_FWD_CONSUMERS", "unset (auto: two consumer warpgroups; 3: three at d64, untimed)"),
+                ("FLASHTILE_GLUON_FWD_CONSUMERS",
+                 "unset (auto: two consumer warpgroups; 3: three at d64, measured slower)"),
                 ("FLASHTILE_GLUON_DQ_STATS",
                  "unset (auto: the dQ kernels write the backward's row stats up to 4k keys and under block masks, "
                  "a preprocess launch beyond; 1: always the dQ kernels)"))

@@ -468,7 +468,8 @@ FORWARD_CONSUMER_REGS = {2: 240, 3: 160}
 # The three consumers' (BLOCK_N, NUM_STAGES): 64-key tiles, because with 128 the consumer's S of
 # the next tile, P of this one and O (64 + 32 + 32 registers a thread) spill at 160 registers
 # (sm_90 compile, Triton 3.6 and 3.9: 200-370 bytes of stack; 120-128 at 168), and ran 0.56-0.61x
-# two consumers on the H200 (session 20), where 64-key tiles in 3 stages ran 0.91-0.98x.
+# two consumers on the H200 (session 20), where 64-key tiles ran 0.92-0.98x in 3 stages and
+# 0.91-0.96x in 2.
 FORWARD_THREE_CONSUMER_TILES = (64, 3)
 
 
