@@ -24,7 +24,7 @@ from flashtile.bench.harness import MODES, Grid, Measurement
 GPU_ONLY = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex", "flash-attn")
 TINY = ["bench", "--quick", "--device", "cpu", "--seqlens", "64", "--causal", "no", "--scenario", "dense"]
 ROW_KEYS = {"scenario", "window", "documents", "dtype", "mode", "headdim", "causal", "seqlen", "batch", "heads",
-            "provider", "status", "ms", "tflops", "first_call_ms", "flops", "reason"}
+            "provider", "status", "ms", "tflops", "first_call_ms", "flops", "reason", "rounds_ms"}
 
 
 @pytest.fixture
@@ -84,6 +84,46 @@ def test_quick_runs_on_the_cpu_and_writes_the_json(bench):
     assert all(c["first_call_ms"] > 0 and c["overhead_ms"] >= 0 for c in first)
     assert "dense · bf16 · fwd" in out and "First-call cost" in out and "Cells not measured" in out
     assert doc["targets"] == [] and "Targets" not in out  # no GPU provider ran: nothing to compare
+
+
+def test_rounds_time_every_cell_again_with_the_providers_in_turn(bench, monkeypatch):
+    # --rounds 3: each (case, provider) measured three times, round by round (the providers'
+    # order repeats, so a drift of the machine falls on all of them); each cell reports the
+    # median round and keeps every round's time; the first call is the first round's.
+    from flashtile.bench import harness
+
+    order = []
+    measure = harness.measure
+    monkeypatch.setattr(harness, "measure", lambda provider, case, *a: (order.append(provider.name),
+                                                                        measure(provider, case, *a))[1])
+    code, out, doc = bench(*TINY, "--providers", "flashtile", "naive", "--modes", "fwd", "--rounds", "3")
+    assert code == 0, out
+    assert order == ["flashtile", "naive"] * 3
+    assert "the median of 3 rounds, providers in turn" in doc["meta"]["timer"]
+    rows = _rows(doc, status="ok")
+    assert {r["provider"] for r in rows} == {"flashtile", "naive"} and len(rows) == 2
+    for row in rows:
+        assert len(row["rounds_ms"]) == 3 and row["ms"] == sorted(row["rounds_ms"])[1]
+    code, out, doc = bench(*TINY, "--providers", "flashtile", "--modes", "fwd")  # one round: no list
+    assert code == 0 and _rows(doc, provider="flashtile")[0]["rounds_ms"] is None
+
+
+def test_a_cell_that_fails_in_any_round_reports_the_failure():
+    from flashtile.bench.harness import combine_rounds
+
+    case = Case(SCENARIOS["dense"], torch.float32, 16, False, 64, 1, 2)
+    ok = [[Measurement("p", case, "fwd", "ok", ms, first_call_ms=5.0)] for ms in (3.0, 1.0, 2.0)]
+    (cell,) = combine_rounds(ok)
+    assert cell.ms == 2.0 and cell.rounds_ms == [3.0, 1.0, 2.0] and cell.first_call_ms == 5.0
+    broken = Measurement("p", case, "fwd", "error", reason="RuntimeError: boom")
+    assert combine_rounds([ok[0], [broken], ok[2]]) == [broken]
+    assert combine_rounds(ok[:1]) == ok[0]
+
+
+def test_rounds_below_one_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        cli.main([*TINY, "--rounds", "0"])
+    assert "--rounds" in capsys.readouterr().err
 
 
 def test_flops_follow_the_convention_on_a_hand_case():

@@ -70,12 +70,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--documents", type=int, help="packed documents per sequence for document (default: 8)")
     g.add_argument("--tokens", type=_size, help="batch × seqlen (default: 16k; batch is at least 1)")
     g.add_argument("--hidden", type=_size, help="heads × headdim (default: 2048)")
+    g.add_argument("--rounds", type=_rounds, default=1, metavar="R",
+                   help="time every case R times, the providers in turn each round, and report each cell's "
+                        "median round (every round's time goes to the JSON); default 1")
     o = parser.add_argument_group("output")
     o.add_argument("--json", metavar="PATH", help="write every cell and the run's metadata (rewritten as it runs)")
     o.add_argument("--plot-dir", metavar="DIR", help="write a PNG per panel (needs matplotlib)")
     o.add_argument("--cold-cache", action="store_true",
                    help="compile into fresh Triton/Inductor/flashtile caches, so first calls show the full "
                         "compile (and tuning) cost of a new machine")
+
+
+def _rounds(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    return value
 
 
 def _listed(values: list[str] | None, default: list, parse, name: str, parser) -> list:
@@ -176,7 +186,7 @@ def _cpu_threads(n: int | None) -> Iterator[None]:
 
 
 def _run(args, grid: Grid, providers: list[str], device: torch.device, console: Console) -> int:
-    timer = Timer(device, cpu_reps=3 if args.quick else 5)
+    timer = Timer(device, cpu_reps=3 if args.quick else 5, rounds=args.rounds)
     torch.manual_seed(0)
     meta = collect_meta(device, grid, timer, _flashtile_backend(device, grid.dtypes[0]), args.cold_cache)
     threads = meta.get("cpu_threads")
@@ -196,18 +206,20 @@ def _run(args, grid: Grid, providers: list[str], device: torch.device, console: 
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with fresh_compile_caches(args.cold_cache), Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("starting", total=len(cases) * len(providers))
+        task = bar.add_task("starting", total=len(cases) * len(providers) * timer.rounds)
 
         def on_start(case, provider):
             bar.update(task, description=f"{case.describe()} · {provider.name}")
 
+        def on_measured(case, provider):
+            bar.advance(task)
+
         def on_done(case, provider, results):
             measurements.extend(results)
-            bar.advance(task)
             save(complete=False)
 
         outcome = run_grid(grid, [PROVIDERS[p] for p in providers], device, timer, on_start=on_start,
-                           on_done=on_done)
+                           on_measured=on_measured, on_done=on_done)
 
     calls = first_calls(measurements)
     print_report(console, measurements, providers, calls, cold_cache=args.cold_cache)

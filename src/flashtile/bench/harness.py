@@ -9,7 +9,9 @@ the first forward (and first backward) call is timed on its own wall clock: on t
 GPU that is where Triton compiles (and, with FLASHTILE_AUTOTUNE=1, tunes) the
 kernels of a new shape class. Then each mode is timed: the median of
 ``triton.testing.do_bench`` on a GPU (it warms up and flushes L2 itself), the median
-of a few ``time.perf_counter`` repetitions on the CPU.
+of a few ``time.perf_counter`` repetitions on the CPU. With ``rounds`` > 1 every case is
+timed that many times, the providers in turn each round (so a drift of the machine's
+clocks or host load falls on all of them alike), and each cell reports the median round.
 """
 
 from __future__ import annotations
@@ -85,16 +87,24 @@ def flops(batch: int, heads: int, seqlen: int, headdim: int, causal: bool, mode:
 class Timer:
     """Milliseconds of ``fn()``: do_bench's median on CUDA, a perf_counter median on the CPU."""
 
-    def __init__(self, device: torch.device, *, cpu_reps: int = 3, warmup_ms: int = 25, rep_ms: int = 100):
+    def __init__(self, device: torch.device, *, cpu_reps: int = 3, warmup_ms: int = 25, rep_ms: int = 100,
+                 rounds: int = 1):
+        if rounds < 1:
+            raise ValueError(f"rounds: expected 1 or more, got {rounds}")
         self.device = device
         self.cpu_reps = cpu_reps
         self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
+        self.rounds = rounds
 
     @property
     def method(self) -> str:
         if self.device.type == "cuda":
-            return f"triton.testing.do_bench median (warmup {self.warmup_ms} ms, rep {self.rep_ms} ms)"
-        return f"time.perf_counter median of {self.cpu_reps} after one warm-up call"
+            text = f"triton.testing.do_bench median (warmup {self.warmup_ms} ms, rep {self.rep_ms} ms)"
+        else:
+            text = f"time.perf_counter median of {self.cpu_reps} after one warm-up call"
+        if self.rounds > 1:
+            text += f"; the median of {self.rounds} rounds, providers in turn"
+        return text
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -126,6 +136,7 @@ class Measurement:
     status: "ok", "unsupported" (not tried: device, scenario, memory estimate,
     missing package), "oom" or "error" (tried and raised). first_call_ms: the first
     call of this pass on this case (fwd+bwd: first forward + first backward).
+    rounds_ms: with several rounds, each round's ms (``ms`` is their median).
     """
 
     provider: str
@@ -135,6 +146,7 @@ class Measurement:
     ms: float | None = None
     first_call_ms: float | None = None
     reason: str | None = None
+    rounds_ms: list[float] | None = None
 
     @property
     def tflops(self) -> float | None:
@@ -150,7 +162,7 @@ class Measurement:
             "mode": self.mode, "headdim": c.headdim, "causal": c.causal, "seqlen": c.seqlen,
             "batch": c.batch, "heads": c.heads, "provider": self.provider, "status": self.status,
             "ms": self.ms, "tflops": self.tflops, "first_call_ms": self.first_call_ms,
-            "flops": c.scenario.flops(c, self.mode), "reason": self.reason,
+            "flops": c.scenario.flops(c, self.mode), "reason": self.reason, "rounds_ms": self.rounds_ms,
         }
 
 
@@ -223,25 +235,59 @@ class Run:
     interrupted: bool = False
 
 
+def combine_rounds(rounds: list[list[Measurement]]) -> list[Measurement]:
+    """One provider's cells on one case from each round's (same modes, same order): a mode
+    measured in every round gets the median round's ms and every round's (the first call is
+    the first round's: later rounds start warm); one that failed in any round keeps the first
+    failure."""
+    if len(rounds) == 1:
+        return rounds[0]
+    combined = []
+    for cells in zip(*rounds):
+        failed = [m for m in cells if m.status != "ok"]
+        if failed:
+            combined.append(failed[0])
+            continue
+        times = [m.ms for m in cells]
+        first = cells[0]
+        combined.append(Measurement(first.provider, first.case, first.mode, "ok", statistics.median(times),
+                                    first.first_call_ms, rounds_ms=times))
+    return combined
+
+
 def run_grid(grid: Grid, providers: list[Provider], device: torch.device, timer: Timer, *,
              on_start: Callable[[Case, Provider], None] | None = None,
+             on_measured: Callable[[Case, Provider], None] | None = None,
              on_done: Callable[[Case, Provider, list[Measurement]], None] | None = None) -> Run:
-    """All providers on all cases; Ctrl-C stops early and keeps what was measured."""
+    """All providers on all cases, ``timer.rounds`` times each case with the providers in turn;
+    on_start and on_measured around each measurement, on_done with a provider's cells of a
+    case once its rounds are in. Ctrl-C stops early and keeps what was measured (a case's
+    rounds so far)."""
     run = Run()
-    try:
-        for case in grid.cases():
-            for provider in providers:
-                if on_start is not None:
-                    on_start(case, provider)
-                results = measure(provider, case, grid.modes, device, timer)
+    for case in grid.cases():
+        rounds: dict[str, list[list[Measurement]]] = {provider.name: [] for provider in providers}
+        try:
+            for _ in range(timer.rounds):
+                for provider in providers:
+                    if on_start is not None:
+                        on_start(case, provider)
+                    results = measure(provider, case, grid.modes, device, timer)
+                    rounds[provider.name].append(results)
+                    if device.type == "cuda" and any(m.status == "oom" for m in results):
+                        gc.collect()  # the failed cell's tensors are gone now: give their memory back
+                        torch.cuda.empty_cache()
+                    if on_measured is not None:
+                        on_measured(case, provider)
+        except KeyboardInterrupt:
+            run.interrupted = True
+        for provider in providers:
+            if rounds[provider.name]:
+                results = combine_rounds(rounds[provider.name])
                 run.measurements.extend(results)
-                if device.type == "cuda" and any(m.status == "oom" for m in results):
-                    gc.collect()  # the failed cell's tensors are gone now: give their memory back
-                    torch.cuda.empty_cache()
                 if on_done is not None:
                     on_done(case, provider, results)
-    except KeyboardInterrupt:
-        run.interrupted = True
+        if run.interrupted:
+            break
     return run
 
 
