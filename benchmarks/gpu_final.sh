@@ -44,8 +44,9 @@
 #   bash benchmarks/gpu_final.sh fwd3       # attempt 48: the d64 forward on three consumer warpgroups: its GPU
 #                                        # tests, probes/fwd_consumers.py, the d64 forward bench; ~400 s
 #   bash benchmarks/gpu_final.sh causal-gap # the causal five-product backward's extra time (session 20): the fixed
-#                                        # cost per program (probes/fused_program_cost.py, d128 and d64), then
-#                                        # Nsight Compute's stall statistics of probes/fused_bwd_ncu.py; ~300 s
+#                                        # cost per program (probes/fused_program_cost.py, d128 and d64), the
+#                                        # causal schedule without the causal code (probes/causal_schedule_only.py),
+#                                        # then Nsight Compute's stall statistics of probes/fused_bwd_ncu.py; ~420 s
 #   bash benchmarks/gpu_final.sh timeline   # probes/step_timeline.py: each kernel of an eager document-mask step,
 #                                        # its start, length and the GPU's idle gap before it; ~60 s
 #   bash benchmarks/gpu_final.sh gluon-all  # every Gluon GPU test (grids, auto dispatch, CUDA graph), then the
@@ -335,15 +336,16 @@ case ${1:-tests} in
   causal-gap)
     # Session 20: the fused kernel's causal time is 0.533 of its non-causal time against the
     # dispatch model's 0.497, not DRAM- or L2-bound (ncu). A program's fixed cost, fitted from
-    # non-causal workloads of 8k and 16k keys cut into programs of different lengths; then
-    # where the warps wait.
+    # non-causal workloads of 8k and 16k keys cut into programs of different lengths; the
+    # causal schedule without the causal code (a patched copy of src/); then where the warps wait.
     for d in 128 64; do
       step timeout 200 python3 benchmarks/probes/fused_program_cost.py --headdim "$d" >> "$OUT/program-cost.log" 2>&1
     done
+    step timeout 150 python3 benchmarks/probes/causal_schedule_only.py > "$OUT/schedule-only.log" 2>&1
     step timeout 200 /usr/local/cuda/bin/ncu --target-processes all -k regex:_dkdv_dq -c 2 --section WarpStateStats \
       --section SchedulerStats --section SourceCounters python3 benchmarks/probes/fused_bwd_ncu.py \
       > "$OUT/ncu-stalls.log" 2>&1
-    grep -v "Warn\|warn" "$OUT/program-cost.log"; grep -E "_dkdv_dq|Stall|stall" "$OUT/ncu-stalls.log" | head -40
+    grep -v "Warn\|warn" "$OUT/program-cost.log"; grep -v "Warn\|warn" "$OUT/schedule-only.log"; grep -E "_dkdv_dq|Stall|stall" "$OUT/ncu-stalls.log" | head -40
     cat "$OUT/times.txt" ;;
   timeline)
     # Where the GPU waits in an eager 16-document step (session 18: 0.69 ms of host, 0.75 ms of
