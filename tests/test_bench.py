@@ -111,13 +111,28 @@ def test_rounds_time_every_cell_again_with_the_providers_in_turn(bench, monkeypa
 def test_a_cell_that_fails_in_any_round_reports_the_failure():
     from flashtile.bench.harness import combine_rounds
 
-    case = Case(SCENARIOS["dense"], torch.float32, 16, False, 64, 1, 2)
+    case = Case(SCENARIOS["dense"](), torch.float32, 16, False, 64, 1, 2)
     ok = [[Measurement("p", case, "fwd", "ok", ms, first_call_ms=5.0)] for ms in (3.0, 1.0, 2.0)]
     (cell,) = combine_rounds(ok)
     assert cell.ms == 2.0 and cell.rounds_ms == [3.0, 1.0, 2.0] and cell.first_call_ms == 5.0
     broken = Measurement("p", case, "fwd", "error", reason="RuntimeError: boom")
     assert combine_rounds([ok[0], [broken], ok[2]]) == [broken]
     assert combine_rounds(ok[:1]) == ok[0]
+
+
+def test_with_rounds_a_ratio_is_the_median_of_the_rounds_own_ratios():
+    # Times taken in the same round pair up: here the machine slowed in round 2 for both, and
+    # the paired ratios (1.1, 0.9, 1.2) have the median 1.1 where the medians' ratio reads 1.2.
+    from flashtile.bench.harness import speedup
+
+    case = Case(SCENARIOS["dense"](), torch.bfloat16, 128, False, 16384, 1, 16)
+    mine = Measurement("flashtile", case, "bwd", "ok", 1.5, rounds_ms=[1.0, 2.0, 1.5])
+    theirs = Measurement("sdpa-cudnn", case, "bwd", "ok", 1.8, rounds_ms=[1.1, 1.8, 1.8])
+    assert speedup(mine, theirs) == pytest.approx(1.1)
+    single = Measurement("sdpa-cudnn", case, "bwd", "ok", 1.8)  # one round: the medians' ratio
+    assert speedup(mine, single) == pytest.approx(1.2)
+    (result,) = [r for r in targets.check([mine, theirs]) if r.target.provider == "sdpa-cudnn"]
+    assert result.worst_ratio == pytest.approx(1.1) and result.met == 1
 
 
 def test_rounds_below_one_are_refused(capsys):

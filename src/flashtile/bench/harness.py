@@ -166,6 +166,16 @@ class Measurement:
         }
 
 
+def speedup(mine: Measurement, other: Measurement) -> float:
+    """``other``'s time over ``mine`` (> 1: ``mine`` is faster). Where both were timed in the
+    same rounds (the providers in turn each round), the median of the rounds' own ratios: each
+    pairs two times taken moments apart, so a drift of the machine between rounds cancels in
+    it, where it need not in the ratio of the two medians (taken from different rounds)."""
+    if mine.rounds_ms and other.rounds_ms and len(mine.rounds_ms) == len(other.rounds_ms):
+        return statistics.median(theirs / ours for ours, theirs in zip(mine.rounds_ms, other.rounds_ms))
+    return other.ms / mine.ms
+
+
 _OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 

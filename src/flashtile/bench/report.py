@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import targets
-from .harness import DTYPE_NAMES, FirstCall, Grid, Measurement, Timer
+from .harness import DTYPE_NAMES, FirstCall, Grid, Measurement, Timer, speedup
 from .providers import PROVIDERS
 
 SCHEMA = 1
@@ -144,7 +144,8 @@ def tables(measurements: list[Measurement], providers: list[str]) -> list[Table]
         peak = max(cell.tflops for cells in rows.values() for cell in cells.values() if cell.status == "ok")
         unit, scale = ("TFLOP/s", 1.0) if peak >= 1 else ("GFLOP/s", 1e3)
         table = Table(title=f"{scenario} · {dtype} · {mode}: {unit}", title_justify="left",
-                      caption="×: flashtile over the provider, same run (> 1: flashtile faster)",
+                      caption="×: flashtile over the provider, same run (> 1: flashtile faster; with rounds, "
+                              "the median of the rounds' ratios)",
                       caption_justify="left")
         for name in ("D", "causal", "N", "B×H"):
             table.add_column(name, justify="right")
@@ -166,7 +167,7 @@ def tables(measurements: list[Measurement], providers: list[str]) -> list[Table]
                 elif p == "flashtile" or not ft_ok:
                     row.append(_rate(cell.tflops * scale))
                 else:
-                    row.append(f"{_rate(cell.tflops * scale)} ×{cell.ms / ft.ms:.2f}")
+                    row.append(f"{_rate(cell.tflops * scale)} ×{speedup(ft, cell):.2f}")
             table.add_row(*row)
         out.append(table)
     return out

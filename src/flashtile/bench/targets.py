@@ -4,8 +4,9 @@
 - every dense cell of the grid: ≥ 1.6× SDPA's flash backend (FA2) and ≥ 1.2× FlexAttention.
 
 A ratio is the other provider's time over flashtile's on the same case and pass of the same
-run (> 1: flashtile faster). A target is reported only for the cells where both providers have
-a time; a run without the provider, or without a qualifying cell, leaves that target out.
+run (> 1: flashtile faster; with ``--rounds``, the median of the rounds' ratios:
+harness.speedup). A target is reported only for the cells where both providers have a time; a
+run without the provider, or without a qualifying cell, leaves that target out.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .harness import DTYPE_NAMES, Measurement
+from .harness import DTYPE_NAMES, Measurement, speedup
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def check(measurements: list[Measurement], targets=TARGETS) -> list[TargetResult
                 continue
             other = timed.get((target.provider, case, mode))
             if other is not None:
-                ratios.append((other.ms / mine.ms, _cell_name(mine)))
+                ratios.append((speedup(mine, other), _cell_name(mine)))
         if ratios:
             worst, where = min(ratios)
             results.append(TargetResult(target, len(ratios), sum(r >= target.ratio for r, _ in ratios), worst, where))
