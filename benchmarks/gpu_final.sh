@@ -43,6 +43,9 @@
 #                                        # alternating twice, FA2 beside: host-bound cells across trees; ~200 s
 #   bash benchmarks/gpu_final.sh fwd3       # attempt 48: the d64 forward on three consumer warpgroups: its GPU
 #                                        # tests, probes/fwd_consumers.py, the d64 forward bench; ~400 s
+#   bash benchmarks/gpu_final.sh targets    # the d128 16k cells of the cuDNN target, flashtile beside cuDNN, FA2
+#                                        # and Flex, as medians of 5 interleaved rounds (flashtile bench --rounds);
+#                                        # ~150 s
 #   bash benchmarks/gpu_final.sh causal-gap # the causal five-product backward's extra time (session 20): the fixed
 #                                        # cost per program (probes/fused_program_cost.py, d128 and d64), the
 #                                        # causal schedule without the causal code (probes/causal_schedule_only.py),
@@ -333,6 +336,13 @@ case ${1:-tests} in
       > "$OUT/bench-fwd3.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-fwd3.log"; grep -v "Warn\|warn" "$OUT/fwd-consumers.log"
     grep -A12 "fwd: TFLOP" "$OUT/bench-fwd3.log"; cat "$OUT/times.txt" ;;
+  targets)
+    # Session 20's single runs read these four cells at 0.98-1.02x cuDNN: at parity, one run's
+    # order and drift decide. Five rounds, the providers in turn, each ratio the median of the
+    # rounds' own ratios.
+    step timeout 300 python3 -m flashtile bench --headdims 128 --seqlens 16k --rounds "${ROUNDS:-5}" \
+      --providers flashtile sdpa-cudnn sdpa-flash flex --json "$OUT/bench-targets.json" > "$OUT/bench-targets.log" 2>&1
+    cat "$OUT/gpu.txt"; grep -v "Warn\|warn" "$OUT/bench-targets.log" | tail -40; cat "$OUT/times.txt" ;;
   causal-gap)
     # Session 20: the fused kernel's causal time is 0.533 of its non-causal time against the
     # dispatch model's 0.497, not DRAM- or L2-bound (ncu). A program's fixed cost, fitted from
