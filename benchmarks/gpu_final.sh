@@ -46,6 +46,9 @@
 #   bash benchmarks/gpu_final.sh targets    # the d128 16k cells of the cuDNN target, flashtile beside cuDNN, FA2
 #                                        # and Flex, as medians of 5 interleaved rounds (flashtile bench --rounds);
 #                                        # ~150 s
+#   bash benchmarks/gpu_final.sh tail       # the fused backward's tail split (FLASHTILE_GLUON_BWD_TAIL, written in
+#                                        # session 20 after its device time): its GPU tests, then
+#                                        # probes/fused_tail.py (oracle, then 0 against 1 in CUDA graphs); ~200 s
 #   bash benchmarks/gpu_final.sh causal-gap # the causal five-product backward's extra time (session 20): the fixed
 #                                        # cost per program (probes/fused_program_cost.py, d128 and d64), the
 #                                        # causal schedule without the causal code (probes/causal_schedule_only.py),
@@ -336,6 +339,11 @@ case ${1:-tests} in
       > "$OUT/bench-fwd3.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-fwd3.log"; grep -v "Warn\|warn" "$OUT/fwd-consumers.log"
     grep -A12 "fwd: TFLOP" "$OUT/bench-fwd3.log"; cat "$OUT/times.txt" ;;
+  tail)
+    # The tail split: the last programs of a non-causal fused grid in parts (hopper.tail_split).
+    gluon_tests tests-tail.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu -k "tail_split or fused_backward_grid"
+    step timeout 200 python3 benchmarks/probes/fused_tail.py > "$OUT/fused-tail.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-tail.log"; grep -v "Warn\|warn" "$OUT/fused-tail.log"; cat "$OUT/times.txt" ;;
   targets)
     # Session 20's single runs read these four cells at 0.98-1.02x cuDNN: at parity, one run's
     # order and drift decide. Five rounds, the providers in turn, each ratio the median of the

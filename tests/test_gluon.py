@@ -12,6 +12,7 @@ the Triton backward on the Gluon forward's LSE, the backward's grid the Triton f
 from __future__ import annotations
 
 import itertools
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -385,6 +386,93 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     assert args_convert[2:] == (*dq.stride()[:3], heads_q, seqlen_q, head_dim, s_pad, scale)
     # batch × heads on the grid's first axis: the second stops at 65535
     assert grid_convert == (batch * heads_q, triton.cdiv(seqlen_q, const_convert["BLOCK"]))
+
+
+def test_the_tail_split_runs_the_last_programs_in_parts_where_that_ends_the_grid_sooner():
+    # 2048 equal programs (every d128 cell of the speed grid) on 132 SMs: 16 waves, the last
+    # 68 programs alone in the last one; in 7 parts each they end at 15.57 waves
+    assert hopper.tail_split(2048, 132, 256) == (1980, 7)
+    assert hopper.tail_split(4096, 132, 128) == (4092, 4)  # d64: 4 programs in a 32nd wave
+    assert hopper.tail_split(2048, 132, 40) is None  # parts of fewer than TAIL_MIN_STEPS steps
+    assert hopper.tail_split(264, 132, 256) is None and hopper.tail_split(100, 132, 256) is None
+    for programs in range(133, 3000, 7):  # what it returns ends sooner by the margin, by the model
+        for sms in (132, 114, 78):
+            split = hopper.tail_split(programs, sms, 256)
+            if split is None:
+                continue
+            whole, splits = split
+            waves = whole / sms + -(-(programs - whole) * splits // sms) / splits
+            assert 0 < programs - whole < programs and 2 <= splits <= hopper.TAIL_MAX_SPLITS
+            assert waves <= -(-programs // sms) * (1 - hopper.TAIL_MIN_GAIN) and 256 // splits >= 32
+
+
+def test_the_tail_split_is_off_under_auto_and_for_causal_grids(monkeypatch):
+    monkeypatch.setattr(hopper, "_sm_count", lambda device: 132)
+    q = torch.empty(1, 16, 16384, 128)
+    monkeypatch.delenv(hopper.TAIL_SWITCH, raising=False)
+    assert not hopper.TAIL_UNDER_AUTO and hopper._takes_tail_split(q, False, 2048, 256) is None
+    monkeypatch.setenv(hopper.TAIL_SWITCH, "1")
+    assert hopper._takes_tail_split(q, False, 2048, 256) == (1980, 7)
+    assert hopper._takes_tail_split(q, True, 2048, 256) is None  # heaviest first: no empty wave
+    monkeypatch.setenv(hopper.TAIL_SWITCH, "0")
+    assert hopper._takes_tail_split(q, False, 2048, 256) is None
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+def test_a_split_fused_backward_launches_the_parts_and_sums_them_back(monkeypatch):
+    # The host side with the tail split on (kernels stubbed): 12 programs (2 batches × 2 kv
+    # heads × 3 key tiles) on a pretend 5 SMs end at 3 waves; the last 2 in 2 parts each end at
+    # 2.5. The kernel gets the parts' grid, n_whole, splits and the float32 partials; the
+    # conversion sums each split tile's parts into dk and dv.
+    gluon_bwd_fused = hopper._fused_module()
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
+    monkeypatch.setenv(hopper.TAIL_SWITCH, "1")
+    monkeypatch.setattr(hopper, "_sm_count", lambda device: 5)
+    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
+    launches = []
+    for name in ("_dkdv_dq_kernel", "_dq_convert", "_dkdv_parts_convert"):
+        monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name))
+    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: None)
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k = 2, 6, 2, 2048, 333
+    q, dout, dq, out = (torch.randn(batch, heads_q, seqlen_q, 128, dtype=torch.bfloat16) for _ in range(4))
+    k, v, dk, dv = (torch.randn(batch, heads_kv, seqlen_k, 128, dtype=torch.bfloat16) for _ in range(4))
+    hopper.backward(q, k, v, out, dout, torch.randn(batch, heads_q, seqlen_q), None, 0.125, False, dq, dk, dv)
+    assert [name for name, *_ in launches] == ["_dkdv_dq_kernel", "_dkdv_parts_convert", "_dq_convert"]
+    (_, grid, _, const), (_, grid_sum, args_sum, const_sum), _ = launches
+    assert hopper.tail_split(12, 5, 3 * 32) == (10, 2)  # steps: 3 query heads × 32 Q tiles of 64
+    assert grid == (10 + 2 * 2,) and const["TAIL_SPLIT"] and (const["n_whole"], const["splits"]) == (10, 2)
+    parts = const["DkPart"], const["DvPart"]
+    assert all(t.shape == (2 * 2 * 128, 128) and t.dtype == torch.float32 for t in parts)
+    assert grid_sum == (2, 128 // const_sum["ROWS"]) and args_sum[:4] == (*parts, dk, dv)
+    assert args_sum[4:] == (*dk.stride()[:3], *dv.stride()[:3], 10, 2, 3, heads_kv, seqlen_k, 128)
+    launches.clear()
+    hopper.backward(q, k, v, out, dout, torch.randn(batch, heads_q, seqlen_q), None, 0.125, True, dq, dk, dv)
+    (_, grid, _, const), _ = launches  # causal: no split
+    assert grid == (12,) and "TAIL_SPLIT" not in const
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+@pytest.mark.skipif(not hasattr(triton, "jit"), reason="Triton's interpreter")
+def test_the_parts_conversion_sums_each_split_tiles_parts_into_its_keys():
+    # _dkdv_parts_convert in Triton's interpreter: key tiles 5 and 6 of a grid of 2 × 2 heads ×
+    # 2 tiles (n_whole 5, 3 parts each) are (bh 2, tile 1) and (bh 3, tile 0); head dim 96 on the
+    # 128-wide kernel: the extra columns and the keys past 200 are not written.
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the conversion kernel on CPU tensors in Triton's interpreter")
+    gluon_bwd_fused = hopper._fused_module()
+    splits, block_n, width, seqlen_k, heads_kv = 3, 128, 128, 200, 2
+    dk_part, dv_part = (torch.randn(2 * splits * block_n, width) for _ in range(2))
+    dk, dv = (torch.zeros(2, heads_kv, seqlen_k, 96) for _ in range(2))
+    dv_view = torch.zeros(2, seqlen_k, heads_kv, 96).transpose(1, 2)  # bshd strides for dv
+    gluon_bwd_fused._dkdv_parts_convert[(2, block_n // 64)](
+        dk_part, dv_part, dk, dv_view, *dk.stride()[:3], *dv_view.stride()[:3], 5, splits, 2, heads_kv, seqlen_k, 96,
+        BLOCK_N=block_n, HEAD_DIM=width, ROWS=64)
+    sums = [p.view(2, splits, block_n, width).sum(1) for p in (dk_part, dv_part)]
+    expected_k, expected_v = torch.zeros_like(dk), torch.zeros_like(dk)
+    expected_k[1, 0, 128:200], expected_v[1, 0, 128:200] = sums[0][0, :72, :96], sums[1][0, :72, :96]  # bh 2: tile 1
+    expected_k[1, 1, 0:128], expected_v[1, 1, 0:128] = sums[0][1, :, :96], sums[1][1, :, :96]  # bh 3: tile 0
+    torch.testing.assert_close(dk, expected_k, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dv_view, expected_v, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
@@ -873,6 +961,28 @@ NEEDS_FUSED = pytest.mark.skipif(not ON_HOPPER, reason="the five-product backwar
 def test_gpu_fused_backward_grid(fused_backward_calls, dtype, headdim, seqlens, causal):
     _check_backward_case(FUSED_GRID, dtype, headdim, seqlens, causal)
     assert fused_backward_calls, "the call did not take the five-product backward"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@NEEDS_FUSED
+@pytest.mark.parametrize("head_dim", [64, 128, 96])
+def test_gpu_fused_backward_with_its_tail_split_matches_the_oracle(fused_backward_calls, monkeypatch, head_dim):
+    # The tail split (FLASHTILE_GLUON_BWD_TAIL=1) on small grids: a pretend 3 or 2 SMs and
+    # parts of any length, so that the last programs run in parts (the second case's key tiles
+    # have 1 or 2 steps for 3 parts: empty parts, whose partials are zeros). GQA 6:2, q longer
+    # and shorter than k, bshd and bhsd, head dim 96 on the 128-wide kernel (the conversion's
+    # extra columns), against the float64 oracle.
+    monkeypatch.setenv(hopper.TAIL_SWITCH, "1")
+    monkeypatch.setattr(hopper, "TAIL_MIN_STEPS", 0)
+    splits = []
+    take = hopper._takes_tail_split
+    monkeypatch.setattr(hopper, "_takes_tail_split", lambda *args: (splits.append(take(*args)), splits[-1])[1])
+    for sms, (batch, seqlen_q, seqlen_k, heads_q, heads_kv, layout) in (
+            (3, (2, 700, 777, 6, 2, "bshd")), (3, (1, 100, 900, 2, 2, "bhsd")), (2, (1, 1000, 300, 3, 3, "bshd"))):
+        monkeypatch.setattr(hopper, "_sm_count", lambda device, sms=sms: sms)
+        check_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, layout=layout)
+    assert len(fused_backward_calls) == 3 and all(split is not None for split in splits), splits
 
 
 @pytest.mark.gpu

@@ -114,6 +114,11 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
         if (name not in constexprs and parameter.default is not inspect.Parameter.empty
                 and "constexpr" in str(parameter.annotation)):
             constexprs[name] = parameter.default
+    # The fused backward's float32 partials are pointers under TAIL_SPLIT; otherwise a launch
+    # leaves them out, and their default None makes them constexprs.
+    if not constexprs.get("TAIL_SPLIT", False):
+        names = inspect.signature(kernel.fn).parameters
+        constexprs.update({name: None for name in ("DkPart", "DvPart") if name in names})
     if constexprs.get("ROW_STATS") is False:  # a dQ kernel reading the preprocess's rows: Nones, as at a launch
         from flashtile.kernels import hopper
 
@@ -141,11 +146,11 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
              "dq_acc_desc": dq_sum.replace(" ", ""), "lse_desc": stats, "delta_desc": stats,
              "LSE": "*fp32", "LSE2": "*fp32", "Delta": "*fp32", "DLSE": "*fp32", "Out": f"*{dtype}", "DO": f"*{dtype}",
              **{name: "*i32" for name in LIST_POINTERS},
-             "qk_scale": "fp32", "softmax_scale": "fp32"}
+             "DkPart": "*fp32", "DvPart": "*fp32", "qk_scale": "fp32", "softmax_scale": "fp32"}
     signature = {p: "constexpr" if p in constexprs else typed.get(p, "i32") for p in params}
     # Pointers and the padded row stride (a multiple of 128) are 16-aligned at a launch.
-    divisible = [p for p in ("LSE", "LSE2", "Delta", "DLSE", "Out", "DO", "stride_lrow", *LIST_POINTERS)
-                 if p in params]
+    divisible = [p for p in ("LSE", "LSE2", "Delta", "DLSE", "Out", "DO", "stride_lrow", "DkPart", "DvPart",
+                             *LIST_POINTERS) if p in params and p not in constexprs]
     src = GluonASTSource(fn=kernel, signature=signature,
                          constexprs={(params.index(k),): v for k, v in constexprs.items()},
                          attrs={(params.index(p),): [["tt.divisibility", 16]] for p in divisible})
@@ -207,20 +212,23 @@ def gluon_variants(quick: bool):
     # that tma_reduce_ptx.py rewrites into it (what runs before 3.8; here under any Triton, so that
     # CI's ptxas assembles the rewritten instruction too).
     native = hopper._gluon_common().HAS_TMA_REDUCE
-    # (head dim, causal, dtype, reduction by PTX, Q tiles last first)
-    quick_cases = [(128, True, "bf16", False, False), (64, False, "bf16", True, False)]
-    cases = quick_cases if quick else [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
-                                       (64, True, "bf16", False, False), (64, False, "bf16", False, False),
-                                       (128, False, "bf16", True, False), (64, True, "fp16", True, False),
-                                       (128, True, "bf16", False, True), (64, True, "bf16", True, True)]
-    for d, causal, dtype, by_ptx, descending in cases:
+    # (head dim, causal, dtype, reduction by PTX, Q tiles last first, tail split)
+    quick_cases = [(128, True, "bf16", False, False, False), (64, False, "bf16", True, False, False)]
+    cases = quick_cases if quick else [
+        (128, True, "bf16", False, False, False), (128, False, "fp16", False, False, False),
+        (64, True, "bf16", False, False, False), (64, False, "bf16", False, False, False),
+        (128, False, "bf16", True, False, False), (64, True, "fp16", True, False, False),
+        (128, True, "bf16", False, True, False), (64, True, "bf16", True, True, False),
+        (128, False, "bf16", False, False, True), (64, False, "bf16", True, False, True)]
+    for d, causal, dtype, by_ptx, descending, tail in cases:
         by_ptx = by_ptx or not native
         m, n, stages = hopper.BWD_FUSED[d]
         yield (f"gluon fused dkdv+dq d={d} {'causal' if causal else 'full'} {dtype} s{stages}"
-               f"{' ptx-reduce' if by_ptx else ''}{' q-descending' if descending else ''}",
+               f"{' ptx-reduce' if by_ptx else ''}{' q-descending' if descending else ''}"
+               f"{' tail-split' if tail else ''}",
                hopper._fused_module()._dkdv_dq_kernel,
                dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, REDUCE_BY_PTX=by_ptx,
-                    Q_DESCENDING=descending, DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2, **regs), 4)
+                    Q_DESCENDING=descending, TAIL_SPLIT=tail, DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2, **regs), 4)
 
 
 def listed_variants(gluon_fwd, quick: bool, regs: dict):

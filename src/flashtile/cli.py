@@ -375,6 +375,8 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
                 ("FLASHTILE_GLUON_BWD_FUSED",
                  "unset (auto: five products at d64, d128 where measured faster; 1: at every length; "
                  "before Triton 3.8 the reduction is a TMA store rewritten in the PTX)"),
+                ("FLASHTILE_GLUON_BWD_TAIL",
+                 "unset (auto: off, not yet timed; 1: a non-causal five-product grid's last wave in parts)"),
                 ("FLASHTILE_GLUON_FWD_CONSUMERS",
                  "unset (auto: two consumer warpgroups; 3: three at d64, measured slower)"),
                 ("FLASHTILE_GLUON_DQ_STATS",

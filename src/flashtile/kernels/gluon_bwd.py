@@ -90,13 +90,14 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                  kv_ready, q_ready, do_ready, empty,
                  batch, head_kv, n_start, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
                  HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
-                 DESCENDING: gl.constexpr = False):
+                 DESCENDING: gl.constexpr = False, step_begin=0, n_steps=None):
     """One warp: K, V halves once; then (Q, lse2) and (dO, Delta) of every visited Q tile of
-    every query head of the group (DESCENDING: stream_q_tiles), tile `it` into slot it % NUM_STAGES."""
+    every query head of the group (DESCENDING, step_begin, n_steps: stream_q_tiles), tile `it`
+    into slot it % NUM_STAGES."""
     load_kv_halves(k_desc, v_desc, k_smem, v_smem, kv_ready, batch, head_kv, n_start, HALF_N)
     stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready,
                    empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks, BLOCK_M, NUM_STAGES,
-                   DESCENDING)
+                   DESCENDING, step_begin, n_steps)
 
 
 @gluon.jit

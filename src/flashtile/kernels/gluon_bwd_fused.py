@@ -57,13 +57,18 @@ from .gluon_common import (accumulator_layout, init_q_ring_barriers, key_tile_of
 def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
                     kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc,
                     batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad,
-                    qk_scale, softmax_scale,
+                    qk_scale, softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                    CAUSAL: gl.constexpr, REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr):
+                    CAUSAL: gl.constexpr, REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr,
+                    TAIL_SPLIT: gl.constexpr):
     """One warpgroup: dK, dV of keys [n_start + half·HALF_N, +HALF_N); dQ columns
     [half·HEAD_DIM/2, +HEAD_DIM/2) of every streamed Q tile over the CTA's 2·HALF_N keys, staged
     in ``dq_stage`` (BLOCK_M × HEAD_DIM/2 float32, this warpgroup's) and added through
-    ``dq_acc_desc`` (the float32 sum as (B·Hq·S_pad, HEAD_DIM), boxes of that size)."""
+    ``dq_acc_desc`` (the float32 sum as (B·Hq·S_pad, HEAD_DIM), boxes of that size).
+    With ``n_steps`` (not None), steps step_begin.. +n_steps of the program's (query head, Q
+    tile) sequence only; under TAIL_SPLIT a program with ``part_row`` >= 0 runs a part of a key
+    tile, and writes its dK·softmax_scale and dV in float32 to rows part_row.. of DkPart and
+    DvPart ((parts · BLOCK_N, HEAD_DIM)) for _dkdv_parts_convert to sum."""
     HALF_D: gl.constexpr = HEAD_DIM // 2
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # Sᵀ, dPᵀ: HALF_N keys × BLOCK_M queries
     kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N × HEAD_DIM
@@ -87,13 +92,21 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
 
     mbarrier.wait(kv_ready.index(0), 0)  # dQ reads both key halves
     mbarrier.wait(kv_ready.index(1), 0)
-    total = group_size * n_q_tiles
-    for it in range(total):
+    if n_steps is None:
+        count = group_size * n_q_tiles
+    else:
+        count = n_steps
+    for i in range(count):
+        # the sequence's step; the ring and the dS buffers count this program's steps from 0
+        if n_steps is None:
+            it = i
+        else:
+            it = step_begin + i
         g = it // n_q_tiles
         m_start = q_tile_start(it - g * n_q_tiles, first_tile, n_q_tiles, BLOCK_M, Q_DESCENDING)
-        slot = it % NUM_STAGES
-        phase = (it // NUM_STAGES) & 1
-        buffer = it % 2
+        slot = i % NUM_STAGES
+        phase = (i // NUM_STAGES) & 1
+        buffer = i % 2
         q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         ds_half = ds_smem.index(buffer).slice(half * HALF_N, HALF_N, dim=0)  # HALF_N keys × BLOCK_M
@@ -112,7 +125,7 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
         fence_async_shared()
         partition_barrier()
         mbarrier.arrive(ds_full.index(buffer), count=1)
-        mbarrier.wait(ds_full.index(buffer), (it // 2) & 1)
+        mbarrier.wait(ds_full.index(buffer), (i // 2) & 1)
         ds_all = ds_smem.index(buffer)  # 2·HALF_N keys × BLOCK_M queries; dS is its transpose
         dq = warpgroup_mma(ds_all.slice(0, HALF_N, dim=0).permute((1, 0)), k_cols0, dq_zero, use_acc=False,
                            is_async=True)
@@ -134,10 +147,21 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
     # (Found in review: without this the faster warpgroup overwrote K under the other's last
     # dQ product.) V's half is read by this warpgroup alone.
     partition_barrier()
-    mbarrier.arrive(ds_full.index(total % 2), count=1)
-    mbarrier.wait(ds_full.index(total % 2), (total // 2) & 1)
-    store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, batch, head_kv, key_first, half, softmax_scale, HALF_N,
-               HEAD_DIM)
+    mbarrier.arrive(ds_full.index(count % 2), count=1)
+    mbarrier.wait(ds_full.index(count % 2), (count // 2) & 1)
+    if TAIL_SPLIT:
+        if part_row >= 0:  # a part of a split key tile: float32 partials, summed by _dkdv_parts_convert
+            rows = part_row + half * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, kv_layout))
+            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+            offsets = rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
+            gl.store(DkPart + offsets, dk * softmax_scale)
+            gl.store(DvPart + offsets, dv)
+        else:
+            store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, batch, head_kv, key_first, half, softmax_scale,
+                       HALF_N, HEAD_DIM)
+    else:
+        store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, batch, head_kv, key_first, half, softmax_scale, HALF_N,
+                   HEAD_DIM)
 
 
 def _entry_name(specialization) -> str:
@@ -152,19 +176,42 @@ def _dkdv_dq_kernel(
     heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad, qk_scale, softmax_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-    REDUCE_BY_PTX: gl.constexpr = False, Q_DESCENDING: gl.constexpr = False,
+    REDUCE_BY_PTX: gl.constexpr = False, Q_DESCENDING: gl.constexpr = False, TAIL_SPLIT: gl.constexpr = False,
+    n_whole=0, splits=1, DkPart=None, DvPart=None,
 ):
     """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile of one kv head, and its share of dQ added
     into the float32 sum behind ``dq_acc_desc`` ((B·Hq·S_pad, HEAD_DIM), zeroed, boxes of
     (BLOCK_M, HEAD_DIM / 2)). Grid and the other descriptors as gluon_bwd._dkdv_kernel's.
     ``REDUCE_BY_PTX``: the reduction issued as a TMA store for tma_reduce_ptx.py to rewrite
     (a Triton whose Gluon lacks it; gluon_common.tma_reduce_add). ``Q_DESCENDING``: each
-    program visits its Q tiles last first (gluon_common.q_tile_start)."""
+    program visits its Q tiles last first (gluon_common.q_tile_start).
+
+    ``TAIL_SPLIT`` (hopper.tail_split): programs from ``n_whole`` on each run one of ``splits``
+    parts of a key tile's (query head, Q tile) steps, ``splits`` programs a tile, so that the
+    grid's last wave is not left part empty; their dK, dV go to float32 partials (DkPart, DvPart:
+    (split tiles · splits · BLOCK_N, HEAD_DIM)), which _dkdv_parts_convert sums. Key tile of
+    program n_whole + r: n_whole + r // splits, in the plain order (heads_per_group = 1)."""
     gl.static_assert(num_warps == 4)
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = q_desc.dtype
+    if TAIL_SPLIT:
+        r = gl.program_id(0) - n_whole  # >= 0: a part, the r-th of the split parts
+        tile = gl.minimum(gl.program_id(0), n_whole) + gl.maximum(r, 0) // splits
+    else:
+        tile = gl.program_id(0)
     batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
-        gl.program_id(0), num_n_blocks, heads_per_group, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        tile, num_n_blocks, heads_per_group, heads_kv, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    if TAIL_SPLIT:
+        total = group_size * n_q_tiles
+        part = gl.maximum(r, 0) % splits
+        parts = 1 + (r >= 0).to(gl.int32) * (splits - 1)
+        step_begin = part * total // parts
+        n_steps = (part + 1) * total // parts - step_begin
+        part_row = r * BLOCK_N  # its rows in DkPart and DvPart (negative: a whole tile)
+    else:
+        step_begin = 0
+        n_steps: gl.constexpr = None
+        part_row = -1
 
     q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem = q_ring_buffers(
         q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, HALF_N, HEAD_DIM, NUM_STAGES, True)
@@ -184,16 +231,19 @@ def _dkdv_dq_kernel(
         (_fused_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage.index(0),
                            kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, batch, head_kv,
                            n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
-                           softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX,
-                           Q_DESCENDING)),
+                           softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
+                           HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX,
+                           Q_DESCENDING, TAIL_SPLIT)),
         (_fused_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage.index(1),
                            kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, batch, head_kv,
                            n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
-                           softmax_scale, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX,
-                           Q_DESCENDING)),
+                           softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
+                           HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX,
+                           Q_DESCENDING, TAIL_SPLIT)),
         (_dkdv_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                         lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty, batch, head_kv, n_start, heads_q,
-                        group_size, first_tile, n_q_tiles, n_q_blocks, HALF_N, BLOCK_M, NUM_STAGES, Q_DESCENDING)),
+                        group_size, first_tile, n_q_tiles, n_q_blocks, HALF_N, BLOCK_M, NUM_STAGES, Q_DESCENDING,
+                        step_begin, n_steps)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -213,3 +263,34 @@ def _dq_convert(dq_acc, DQ, stride_qb, stride_qh, stride_qm, heads_q, seqlen_q, 
     head = bh % heads_q
     out = DQ + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + rows[:, None].to(tl.int64) * stride_qm
     tl.store(out + cols[None, :], (acc * softmax_scale).to(DQ.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _dkdv_parts_convert(DkPart, DvPart, DK, DV, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                        n_whole, splits, num_n_blocks, heads_kv, seqlen_k, head_dim,
+                        BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    """dk, dv (B, Hkv, Sk, head_dim) views of the key tiles _dkdv_dq_kernel split (TAIL_SPLIT):
+    the sum of each tile's ``splits`` float32 partials (rows (t · splits + part) · BLOCK_N.. of
+    DkPart, DvPart, (·, HEAD_DIM)), in dk's and dv's dtype, rows past the keys not written.
+    Grid (split tiles, BLOCK_N / ROWS); split tile t is the kernel's key tile n_whole + t, whose
+    (batch · Hkv + head, tile) the plain order gives: divmod by num_n_blocks."""
+    t = tl.program_id(0)
+    tile = n_whole + t
+    bh = tile // num_n_blocks
+    batch = bh // heads_kv
+    head = bh % heads_kv
+    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, HEAD_DIM)
+    dk = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    dv = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    for part in range(splits):  # a fixed order: these sums give the same bits every call
+        offsets = ((t * splits + part) * BLOCK_N + rows).to(tl.int64)[:, None] * HEAD_DIM + cols[None, :]
+        dk += tl.load(DkPart + offsets)
+        dv += tl.load(DvPart + offsets)
+    keys = (tile % num_n_blocks) * BLOCK_N + rows
+    inside = (keys < seqlen_k)[:, None] & (cols < head_dim)[None, :]
+    keys = keys.to(tl.int64)[:, None]
+    tl.store(DK + batch.to(tl.int64) * stride_kb + head.to(tl.int64) * stride_kh + keys * stride_kn + cols[None, :],
+             dk.to(DK.dtype.element_ty), mask=inside)
+    tl.store(DV + batch.to(tl.int64) * stride_vb + head.to(tl.int64) * stride_vh + keys * stride_vn + cols[None, :],
+             dv.to(DV.dtype.element_ty), mask=inside)

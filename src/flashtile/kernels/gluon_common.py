@@ -293,22 +293,31 @@ def q_tile_start(t, first_tile, n_q_tiles, BLOCK_M: gl.constexpr, DESCENDING: gl
 @gluon.jit
 def stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready,
                    empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
-                   BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, DESCENDING: gl.constexpr = False):
+                   BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, DESCENDING: gl.constexpr = False,
+                   step_begin=0, n_steps=None):
     """The loader's loop of the dK/dV kernels: (Q, lse2) and (dO, Delta) of Q tiles
     first_tile.. of every query head of kv head ``head_kv``'s group (with DESCENDING the last
     tile first: q_tile_start), tile ``it`` into ring slot it % NUM_STAGES once the consumers
-    have released the slot (its "empty" barrier)."""
+    have released the slot (its "empty" barrier). With ``n_steps``, only steps step_begin..
+    +n_steps of that sequence (a program that runs part of a key tile's Q tiles: gluon_bwd_fused's
+    tail split), the ring counted from the first of them."""
     # Counters carried through the loop instead of divisions: slot/phase of the ring, the
     # Q tile within the head (m_start) and the head of the group (row of the stats buffers).
-    total = group_size * n_q_tiles
     slot = 0
     phase = 0
     step: gl.constexpr = -BLOCK_M if DESCENDING else BLOCK_M
     m_first = (n_q_blocks - 1) * BLOCK_M if DESCENDING else first_tile * BLOCK_M
     m_past = (first_tile - 1) * BLOCK_M if DESCENDING else n_q_blocks * BLOCK_M
-    m_start = m_first
-    head = head_kv * group_size
-    for it in range(total):
+    if n_steps is None:
+        count = group_size * n_q_tiles
+        m_start = m_first
+        head = head_kv * group_size
+    else:
+        count = n_steps
+        per_head = gl.maximum(n_q_tiles, 1)  # (no step runs when it is 0)
+        head = head_kv * group_size + step_begin // per_head
+        m_start = q_tile_start(step_begin % per_head, first_tile, n_q_tiles, BLOCK_M, DESCENDING)
+    for it in range(count):
         # a fresh mbarrier has completed the phase "before 0": the first lap passes at once
         mbarrier.wait(empty.index(slot), phase ^ 1)
         load_q_side_tile(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready,

@@ -763,6 +763,65 @@ def _stats(buffer, rows):
     return _descriptor(buffer, (1, rows), _stats_layout())
 
 
+# The five-product backward's tail split (gluon_bwd_fused._dkdv_dq_kernel's TAIL_SPLIT): a
+# non-causal grid of P equal programs on S SMs ends in a part-empty wave when S does not divide
+# P (every d128 cell of the speed grid: 2048 programs, 15.52 waves on 132 SMs, the last wave half
+# empty); its last programs' key tiles run as several parts of their Q tiles each, their dK and
+# dV summed from float32 partials. FLASHTILE_GLUON_BWD_TAIL: auto (off: written in session 20
+# after its device time, not yet run on a GPU), 1 (where tail_split finds a gain), 0.
+TAIL_SWITCH = "FLASHTILE_GLUON_BWD_TAIL"
+TAIL_UNDER_AUTO = False
+TAIL_MIN_GAIN = 0.01  # the least fraction of the grid's waves a split must save
+TAIL_MAX_SPLITS = 8
+TAIL_MIN_STEPS = 32  # a part must keep at least this many steps: each has a fixed cost (K/V, the epilogue)
+
+
+def tail_split(programs: int, sms: int, steps: int) -> tuple[int, int] | None:
+    """(whole programs, splits): the grid's first programs run whole, the rest (the part-empty
+    last wave, and with it one or two full waves where that ends sooner) as ``splits`` parts
+    each, the split that ends the grid soonest in waves of whole programs (ties: fewer parts);
+    None where nothing saves TAIL_MIN_GAIN of the waves. ``steps``: a whole program's steps
+    (no part may run fewer than TAIL_MIN_STEPS). E.g. 2048 programs on 132 SMs: 16 waves as they
+    are; the last 68 in 7 parts, 15.57."""
+    if programs <= sms or programs % sms == 0:
+        return None
+    as_is = cdiv(programs, sms)
+    best = None
+    for folded in range(3):  # full waves run as parts besides the last, part-empty one
+        tail = programs % sms + folded * sms
+        if tail >= programs:
+            break
+        for splits in range(2, TAIL_MAX_SPLITS + 1):
+            if steps // splits < TAIL_MIN_STEPS:
+                break
+            waves = (programs - tail) / sms + cdiv(tail * splits, sms) / splits
+            if best is None or waves < best[0] - 1e-9:
+                best = (waves, programs - tail, splits)
+    if best is None or best[0] > as_is * (1 - TAIL_MIN_GAIN):
+        return None
+    return best[1], best[2]
+
+
+def _sm_count(device: torch.device) -> int:
+    """The streaming multiprocessors of a CUDA device."""
+    return _sm_count_of(cuda_index(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _takes_tail_split(q: torch.Tensor, causal: bool, programs: int, steps: int) -> tuple[int, int] | None:
+    """The tail split of a fused backward's grid (tail_split), where FLASHTILE_GLUON_BWD_TAIL
+    allows: non-causal only (a causal grid's programs are of unequal length and run heaviest
+    first, which already leaves no empty wave)."""
+    choice = setting(name=TAIL_SWITCH)
+    if causal or choice == "0" or (choice == "auto" and not TAIL_UNDER_AUTO):
+        return None
+    return tail_split(programs, _sm_count(q.device), steps)
+
+
 def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, head_dim, tile) -> None:
     """The preprocess, gluon_bwd_fused.py's kernel (dK, dV and a float32 dQ sum), then its
     conversion into dq."""
@@ -788,16 +847,33 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     if by_ptx:  # the reduction is a TMA store, rewritten as the kernel builds
         tma_reduce_ptx.install()
         check = tma_reduce_ptx.check
+    programs = num_n_blocks * batch * heads_kv
+    split = _takes_tail_split(q, causal, programs, group * cdiv(seqlen_q, block_m))
+    tail = {}
+    if split is not None:
+        n_whole, splits = split
+        parts = (programs - n_whole) * splits
+        dk_part, dv_part = (torch.empty(parts * block_n, head_dim, dtype=torch.float32, device=q.device)
+                            for _ in range(2))
+        tail = dict(TAIL_SPLIT=True, n_whole=n_whole, splits=splits, DkPart=dk_part, DvPart=dv_part)
+        programs = n_whole + parts
     fast_launch.launch(
-        gluon_bwd_fused._dkdv_dq_kernel, (num_n_blocks * batch * heads_kv,),
+        gluon_bwd_fused._dkdv_dq_kernel, (programs,),
         tile(q, block_m), tile(dout, block_m), tile(k, block_n // 2), tile(v, block_n // 2), tile(dk, block_n // 2),
         tile(dv, block_n // 2), _stats(lse2, block_m), _stats(delta, block_m), dq_acc_desc,
         heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad,
         softmax_scale * LOG2E, softmax_scale,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, REDUCE_BY_PTX=by_ptx,
-        Q_DESCENDING=causal and FUSED_Q_DESCENDING.get(head_dim, False), check=check,
+        Q_DESCENDING=causal and FUSED_Q_DESCENDING.get(head_dim, False), check=check, **tail,
     )
+    if split is not None:
+        rows = 64
+        fast_launch.launch(
+            gluon_bwd_fused._dkdv_parts_convert, (parts // splits, block_n // rows),
+            dk_part, dv_part, dk, dv, *dk.stride()[:3], *dv.stride()[:3], n_whole, splits, num_n_blocks, heads_kv,
+            seqlen_k, dk.shape[3], BLOCK_N=block_n, HEAD_DIM=head_dim, ROWS=rows,
+        )
     rows = 64
     fast_launch.launch(
         gluon_bwd_fused._dq_convert, (batch * heads_q, cdiv(seqlen_q, rows)),
