@@ -381,7 +381,8 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     scale = head_dim ** -0.5
     # causal, and the kv heads' Q and dO far inside L2: one group of every (batch, kv head) row
     assert args[9:] == (heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, batch * heads_kv,
-                        s_pad, pytest.approx(scale * hopper.LOG2E), scale)
+                        s_pad, pytest.approx(scale * hopper.LOG2E), scale, 0, 1, None, None)  # (no tail split)
+    assert not const["TAIL_SPLIT"]
     assert args_convert[0] is dq_sum and args_convert[1] is dq
     assert args_convert[2:] == (*dq.stride()[:3], heads_q, seqlen_q, head_dim, s_pad, scale)
     # batch × heads on the grid's first axis: the second stops at 65535
@@ -438,17 +439,17 @@ def test_a_split_fused_backward_launches_the_parts_and_sums_them_back(monkeypatc
     k, v, dk, dv = (torch.randn(batch, heads_kv, seqlen_k, 128, dtype=torch.bfloat16) for _ in range(4))
     hopper.backward(q, k, v, out, dout, torch.randn(batch, heads_q, seqlen_q), None, 0.125, False, dq, dk, dv)
     assert [name for name, *_ in launches] == ["_dkdv_dq_kernel", "_dkdv_parts_convert", "_dq_convert"]
-    (_, grid, _, const), (_, grid_sum, args_sum, const_sum), _ = launches
+    (_, grid, args, const), (_, grid_sum, args_sum, const_sum), _ = launches
     assert hopper.tail_split(12, 5, 3 * 32) == (10, 2)  # steps: 3 query heads × 32 Q tiles of 64
-    assert grid == (10 + 2 * 2,) and const["TAIL_SPLIT"] and (const["n_whole"], const["splits"]) == (10, 2)
-    parts = const["DkPart"], const["DvPart"]
+    assert grid == (10 + 2 * 2,) and const["TAIL_SPLIT"] and args[19:21] == (10, 2)
+    parts = args[21:23]
     assert all(t.shape == (2 * 2 * 128, 128) and t.dtype == torch.float32 for t in parts)
     assert grid_sum == (2, 128 // const_sum["ROWS"]) and args_sum[:4] == (*parts, dk, dv)
     assert args_sum[4:] == (*dk.stride()[:3], *dv.stride()[:3], 10, 2, 3, heads_kv, seqlen_k, 128)
     launches.clear()
     hopper.backward(q, k, v, out, dout, torch.randn(batch, heads_q, seqlen_q), None, 0.125, True, dq, dk, dv)
-    (_, grid, _, const), _ = launches  # causal: no split
-    assert grid == (12,) and "TAIL_SPLIT" not in const
+    (_, grid, args, const), _ = launches  # causal: no split
+    assert grid == (12,) and not const["TAIL_SPLIT"] and args[19:] == (0, 1, None, None)
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
@@ -968,21 +969,22 @@ def test_gpu_fused_backward_grid(fused_backward_calls, dtype, headdim, seqlens, 
 @NEEDS_FUSED
 @pytest.mark.parametrize("head_dim", [64, 128, 96])
 def test_gpu_fused_backward_with_its_tail_split_matches_the_oracle(fused_backward_calls, monkeypatch, head_dim):
-    # The tail split (FLASHTILE_GLUON_BWD_TAIL=1) on small grids: a pretend 3 or 2 SMs and
-    # parts of any length, so that the last programs run in parts (the second case's key tiles
-    # have 1 or 2 steps for 3 parts: empty parts, whose partials are zeros). GQA 6:2, q longer
-    # and shorter than k, bshd and bhsd, head dim 96 on the 128-wide kernel (the conversion's
-    # extra columns), against the float64 oracle.
+    # The tail split (FLASHTILE_GLUON_BWD_TAIL=1) on small grids: a pretend 5, 3 or 2 SMs and
+    # parts of any length, so that the last programs run in parts. First case: 28 programs, the
+    # last 3 key tiles in 5 parts each, parts that start inside a query head's Q tiles and run
+    # into the next (GQA 6:2); second: key tiles of 1 or 2 steps in 3 parts (empty parts, whose
+    # partials are zeros). q longer and shorter than k, bshd and bhsd, head dim 96 on the
+    # 128-wide kernel (the conversion's extra columns), against the float64 oracle.
     monkeypatch.setenv(hopper.TAIL_SWITCH, "1")
     monkeypatch.setattr(hopper, "TAIL_MIN_STEPS", 0)
     splits = []
     take = hopper._takes_tail_split
     monkeypatch.setattr(hopper, "_takes_tail_split", lambda *args: (splits.append(take(*args)), splits[-1])[1])
     for sms, (batch, seqlen_q, seqlen_k, heads_q, heads_kv, layout) in (
-            (3, (2, 700, 777, 6, 2, "bshd")), (3, (1, 100, 900, 2, 2, "bhsd")), (2, (1, 1000, 300, 3, 3, "bshd"))):
+            (5, (2, 700, 777, 6, 2, "bshd")), (3, (1, 100, 900, 2, 2, "bhsd")), (2, (1, 1000, 300, 3, 3, "bshd"))):
         monkeypatch.setattr(hopper, "_sm_count", lambda device, sms=sms: sms)
         check_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, layout=layout)
-    assert len(fused_backward_calls) == 3 and all(split is not None for split in splits), splits
+    assert len(fused_backward_calls) == 3 and splits == [(25, 5), (15, 3), (8, 2)], splits
 
 
 @pytest.mark.gpu

@@ -115,10 +115,9 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
                 and "constexpr" in str(parameter.annotation)):
             constexprs[name] = parameter.default
     # The fused backward's float32 partials are pointers under TAIL_SPLIT; otherwise a launch
-    # leaves them out, and their default None makes them constexprs.
-    if not constexprs.get("TAIL_SPLIT", False):
-        names = inspect.signature(kernel.fn).parameters
-        constexprs.update({name: None for name in ("DkPart", "DvPart") if name in names})
+    # passes None for them and 1 parts (constants to Triton).
+    if "TAIL_SPLIT" in inspect.signature(kernel.fn).parameters and not constexprs.get("TAIL_SPLIT", False):
+        constexprs.update(DkPart=None, DvPart=None, splits=1)
     if constexprs.get("ROW_STATS") is False:  # a dQ kernel reading the preprocess's rows: Nones, as at a launch
         from flashtile.kernels import hopper
 

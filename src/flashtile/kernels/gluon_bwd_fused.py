@@ -156,6 +156,9 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
             offsets = rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
             gl.store(DkPart + offsets, dk * softmax_scale)
             gl.store(DvPart + offsets, dv)
+            # the last dQ reduction must have read dq_stage before the CTA ends (store_dkdv's
+            # wait does it on the other path; found in review)
+            tma.store_wait(0)
         else:
             store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, batch, head_kv, key_first, half, softmax_scale,
                        HALF_N, HEAD_DIM)
@@ -174,10 +177,10 @@ def _entry_name(specialization) -> str:
 def _dkdv_dq_kernel(
     q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_acc_desc,
     heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad, qk_scale, softmax_scale,
+    n_whole, splits, DkPart, DvPart,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     REDUCE_BY_PTX: gl.constexpr = False, Q_DESCENDING: gl.constexpr = False, TAIL_SPLIT: gl.constexpr = False,
-    n_whole=0, splits=1, DkPart=None, DvPart=None,
 ):
     """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile of one kv head, and its share of dQ added
     into the float32 sum behind ``dq_acc_desc`` ((B·Hq·S_pad, HEAD_DIM), zeroed, boxes of
@@ -190,7 +193,9 @@ def _dkdv_dq_kernel(
     parts of a key tile's (query head, Q tile) steps, ``splits`` programs a tile, so that the
     grid's last wave is not left part empty; their dK, dV go to float32 partials (DkPart, DvPart:
     (split tiles · splits · BLOCK_N, HEAD_DIM)), which _dkdv_parts_convert sums. Key tile of
-    program n_whole + r: n_whole + r // splits, in the plain order (heads_per_group = 1)."""
+    program n_whole + r: n_whole + r // splits, in the plain order (heads_per_group = 1). Without
+    it the launch passes 0, 1, None, None for those four (positional, so that fast_launch keys
+    the partials by dtype and alignment, not by the tensors)."""
     gl.static_assert(num_warps == 4)
     HALF_N: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = q_desc.dtype

@@ -849,23 +849,23 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
         check = tma_reduce_ptx.check
     programs = num_n_blocks * batch * heads_kv
     split = _takes_tail_split(q, causal, programs, group * cdiv(seqlen_q, block_m))
-    tail = {}
+    tail = (0, 1, None, None)  # (n_whole, splits, DkPart, DvPart): no split
     if split is not None:
         n_whole, splits = split
         parts = (programs - n_whole) * splits
         dk_part, dv_part = (torch.empty(parts * block_n, head_dim, dtype=torch.float32, device=q.device)
                             for _ in range(2))
-        tail = dict(TAIL_SPLIT=True, n_whole=n_whole, splits=splits, DkPart=dk_part, DvPart=dv_part)
+        tail = (n_whole, splits, dk_part, dv_part)
         programs = n_whole + parts
     fast_launch.launch(
         gluon_bwd_fused._dkdv_dq_kernel, (programs,),
         tile(q, block_m), tile(dout, block_m), tile(k, block_n // 2), tile(v, block_n // 2), tile(dk, block_n // 2),
         tile(dv, block_n // 2), _stats(lse2, block_m), _stats(delta, block_m), dq_acc_desc,
         heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad,
-        softmax_scale * LOG2E, softmax_scale,
+        softmax_scale * LOG2E, softmax_scale, *tail,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, REDUCE_BY_PTX=by_ptx,
-        Q_DESCENDING=causal and FUSED_Q_DESCENDING.get(head_dim, False), check=check, **tail,
+        Q_DESCENDING=causal and FUSED_Q_DESCENDING.get(head_dim, False), TAIL_SPLIT=split is not None, check=check,
     )
     if split is not None:
         rows = 64
