@@ -408,7 +408,7 @@ def test_the_tail_split_runs_the_last_programs_in_parts_where_that_ends_the_grid
 
 
 def test_the_tail_split_is_off_under_auto_and_for_causal_grids(monkeypatch):
-    monkeypatch.setattr(hopper, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 132)
     q = torch.empty(1, 16, 16384, 128)
     monkeypatch.delenv(hopper.TAIL_SWITCH, raising=False)
     assert not hopper.TAIL_UNDER_AUTO and hopper._takes_tail_split(q, False, 2048, 256) is None
@@ -428,7 +428,7 @@ def test_a_split_fused_backward_launches_the_parts_and_sums_them_back(monkeypatc
     gluon_bwd_fused = hopper._fused_module()
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
     monkeypatch.setenv(hopper.TAIL_SWITCH, "1")
-    monkeypatch.setattr(hopper, "_sm_count", lambda device: 5)
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 5)
     monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
     launches = []
     for name in ("_dkdv_dq_kernel", "_dq_convert", "_dkdv_parts_convert"):
@@ -982,7 +982,7 @@ def test_gpu_fused_backward_with_its_tail_split_matches_the_oracle(fused_backwar
     monkeypatch.setattr(hopper, "_takes_tail_split", lambda *args: (splits.append(take(*args)), splits[-1])[1])
     for sms, (batch, seqlen_q, seqlen_k, heads_q, heads_kv, layout) in (
             (5, (2, 700, 777, 6, 2, "bshd")), (3, (1, 100, 900, 2, 2, "bhsd")), (2, (1, 1000, 300, 3, 3, "bshd"))):
-        monkeypatch.setattr(hopper, "_sm_count", lambda device, sms=sms: sms)
+        monkeypatch.setattr(hopper, "sm_count", lambda device, sms=sms: sms)
         check_case(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, layout=layout)
     assert len(fused_backward_calls) == 3 and splits == [(25, 5), (15, 3), (8, 2)], splits
 

@@ -285,7 +285,7 @@ def test_split_rule_on_an_h200(monkeypatch):
     from flashtile.kernels import decode_launch
 
     monkeypatch.setattr(decode_launch, "interpreting", lambda: False)
-    monkeypatch.setattr(decode_launch, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(decode_launch, "sm_count", lambda device: 132)
     cuda = torch.device("cuda", 0)
     splits = {batch: decode_launch.choose_num_splits(batch, 8, 1, 8192, cuda) for batch in (1, 4, 32, 64, 128)}
     assert splits == {1: 32, 4: 8, 32: 1, 64: 2, 128: 1}

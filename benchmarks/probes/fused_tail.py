@@ -69,7 +69,7 @@ def main():
     os.environ["FLASHTILE_GLUON_BWD"] = "1"
     os.environ["FLASHTILE_GLUON_BWD_FUSED"] = "1"
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__,
-          f"{hopper._sm_count(torch.device('cuda'))} SMs")
+          f"{hopper.sm_count(torch.device('cuda'))} SMs")
     os.environ[hopper.TAIL_SWITCH] = "1"
     for head_dim in args.headdims:
         split = check(head_dim, 1024)

@@ -46,6 +46,17 @@ def compute_capability(device: torch.device) -> tuple[int, int]:
     return _capability(cuda_index(device))
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """The streaming multiprocessors of a CUDA device, asked once per device (the decode split
+    and the fused backward's tail split size their grids by it)."""
+    return _sm_count(cuda_index(device))
+
+
 def interpreting() -> bool:
     """Whether TRITON_INTERPRET asks for Triton's interpreter (kernels on CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

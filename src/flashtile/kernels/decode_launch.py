@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from ..backends import sm_count
 from ..masks import Band
 from . import fast_launch
 from .common import cdiv, next_power_of_2, padded_head_dim
 from .configs import interpreting
 from .decode import _combine_splits_kernel, _decode_kernel
 from .launch import _alibi_args, _dot_precision, _qk_scale
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 # Programs per SM the split aims for, in two regimes (H200, 132 SMs; docs/performance.md):
@@ -41,7 +35,7 @@ def choose_num_splits(batch: int, heads_kv: int, m_blocks: int, max_keys: int, d
     """
     if device.type != "cuda" or interpreting():
         return 1
-    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    sms = sm_count(device)
     programs = max(batch * heads_kv * m_blocks, 1)
     target = PROGRAMS_PER_SM if programs <= PROGRAMS_PER_SM * sms else LARGE_GRID_PROGRAMS_PER_SM
     return max(1, min(target * sms // programs, cdiv(max_keys, 256), 64))

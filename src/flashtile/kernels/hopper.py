@@ -43,7 +43,7 @@ try:
 except ImportError:  # an older Triton: no Gluon kernels run there anyway (_gluon() is None)
     TritonError = RuntimeError
 
-from ..backends import compute_capability, cuda_index, interpreting
+from ..backends import compute_capability, cuda_index, interpreting, sm_count
 from ..masks import Band
 from . import bwd, fast_launch, tma, tma_reduce_ptx
 from .common import LOG2E as _LOG2E_CONSTEXPR
@@ -802,16 +802,6 @@ def tail_split(programs: int, sms: int, steps: int) -> tuple[int, int] | None:
     return best[1], best[2]
 
 
-def _sm_count(device: torch.device) -> int:
-    """The streaming multiprocessors of a CUDA device."""
-    return _sm_count_of(cuda_index(device))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count_of(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _takes_tail_split(q: torch.Tensor, causal: bool, programs: int, steps: int) -> tuple[int, int] | None:
     """The tail split of a fused backward's grid (tail_split), where FLASHTILE_GLUON_BWD_TAIL
     allows: non-causal only (a causal grid's programs are of unequal length and run heaviest
@@ -819,7 +809,7 @@ def _takes_tail_split(q: torch.Tensor, causal: bool, programs: int, steps: int) 
     choice = setting(name=TAIL_SWITCH)
     if causal or choice == "0" or (choice == "auto" and not TAIL_UNDER_AUTO):
         return None
-    return tail_split(programs, _sm_count(q.device), steps)
+    return tail_split(programs, sm_count(q.device), steps)
 
 
 def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, head_dim, tile) -> None:
