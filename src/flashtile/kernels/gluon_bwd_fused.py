@@ -59,15 +59,14 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
                     batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad,
                     qk_scale, softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                    CAUSAL: gl.constexpr, REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr,
-                    TAIL_SPLIT: gl.constexpr):
+                    CAUSAL: gl.constexpr, REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr):
     """One warpgroup: dK, dV of keys [n_start + half·HALF_N, +HALF_N); dQ columns
     [half·HEAD_DIM/2, +HEAD_DIM/2) of every streamed Q tile over the CTA's 2·HALF_N keys, staged
     in ``dq_stage`` (BLOCK_M × HEAD_DIM/2 float32, this warpgroup's) and added through
     ``dq_acc_desc`` (the float32 sum as (B·Hq·S_pad, HEAD_DIM), boxes of that size).
     With ``n_steps`` (not None), steps step_begin.. +n_steps of the program's (query head, Q
-    tile) sequence only; under TAIL_SPLIT a program with ``part_row`` >= 0 runs a part of a key
-    tile, and writes its dK·softmax_scale and dV in float32 to rows part_row.. of DkPart and
+    tile) sequence only; a program with ``part_row`` >= 0 (the kernel's TAIL_SPLIT) runs a part
+    of a key tile, and writes its dK·softmax_scale and dV in float32 to rows part_row.. of DkPart and
     DvPart ((parts · BLOCK_N, HEAD_DIM)) for _dkdv_parts_convert to sum."""
     HALF_D: gl.constexpr = HEAD_DIM // 2
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # Sᵀ, dPᵀ: HALF_N keys × BLOCK_M queries
@@ -149,19 +148,16 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
     partition_barrier()
     mbarrier.arrive(ds_full.index(count % 2), count=1)
     mbarrier.wait(ds_full.index(count % 2), (count // 2) & 1)
-    if TAIL_SPLIT:
-        if part_row >= 0:  # a part of a split key tile: float32 partials, summed by _dkdv_parts_convert
-            rows = part_row + half * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, kv_layout))
-            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-            offsets = rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
-            gl.store(DkPart + offsets, dk * softmax_scale)
-            gl.store(DvPart + offsets, dv)
-            # the last dQ reduction must have read dq_stage before the CTA ends (store_dkdv's
-            # wait does it on the other path; found in review)
-            tma.store_wait(0)
-        else:
-            store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, batch, head_kv, key_first, half, softmax_scale,
-                       HALF_N, HEAD_DIM)
+    # (part_row: a constexpr -1 without TAIL_SPLIT, so the branch goes at compile time)
+    if part_row >= 0:  # a part of a split key tile: float32 partials, summed by _dkdv_parts_convert
+        rows = part_row + half * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, kv_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+        offsets = rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
+        gl.store(DkPart + offsets, dk * softmax_scale)
+        gl.store(DvPart + offsets, dv)
+        # the last dQ reduction must have read dq_stage before the CTA ends (store_dkdv's
+        # wait does it on the other path; found in review)
+        tma.store_wait(0)
     else:
         store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, batch, head_kv, key_first, half, softmax_scale, HALF_N,
                    HEAD_DIM)
@@ -216,7 +212,7 @@ def _dkdv_dq_kernel(
     else:
         step_begin = 0
         n_steps: gl.constexpr = None
-        part_row = -1
+        part_row: gl.constexpr = -1
 
     q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem = q_ring_buffers(
         q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, HALF_N, HEAD_DIM, NUM_STAGES, True)
@@ -238,13 +234,13 @@ def _dkdv_dq_kernel(
                            n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
                            softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
                            HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX,
-                           Q_DESCENDING, TAIL_SPLIT)),
+                           Q_DESCENDING)),
         (_fused_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage.index(1),
                            kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, batch, head_kv,
                            n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
                            softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
                            HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX,
-                           Q_DESCENDING, TAIL_SPLIT)),
+                           Q_DESCENDING)),
         (_dkdv_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                         lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty, batch, head_kv, n_start, heads_q,
                         group_size, first_tile, n_q_tiles, n_q_blocks, HALF_N, BLOCK_M, NUM_STAGES, Q_DESCENDING,
