@@ -1007,6 +1007,33 @@ def test_gpu_fused_backward_visits_causal_q_tiles_in_either_order(fused_backward
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @NEEDS_FUSED
+@pytest.mark.parametrize("swizzle", ["0", "32", "64"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_fused_backward_under_each_dq_swizzle_matches_the_oracle(fused_backward_calls, monkeypatch, head_dim,
+                                                                      swizzle):
+    # FLASHTILE_GLUON_DQ_SWIZZLE: the dQ staging box's other swizzles (measured slower than
+    # hopper.DQ_SUM_SWIZZLE, kept for re-timing). Under 32 at d128 the box goes out in 8 parts,
+    # 2 reduction instructions a warpgroup (tma_reduce_ptx.check takes them). Causal and not,
+    # GQA 6:2, q longer and shorter than k, against the float64 oracle.
+    monkeypatch.setenv(hopper.DQ_SWIZZLE_SWITCH, swizzle)
+    check_case(2, 700, 777, 6, 2, head_dim, torch.bfloat16)
+    check_case(1, 900, 333, 6, 2, head_dim, torch.bfloat16, causal=True, layout="bhsd")
+    assert len(fused_backward_calls) == 2
+
+
+def test_the_dq_swizzle_switch_names_what_it_takes(monkeypatch):
+    monkeypatch.setenv(hopper.DQ_SWIZZLE_SWITCH, "16")
+    with pytest.raises(ValueError, match="FLASHTILE_GLUON_DQ_SWIZZLE: expected 0, 32, 64 or 128"):
+        hopper.dq_sum_swizzle()
+    monkeypatch.setenv(hopper.DQ_SWIZZLE_SWITCH, " 32 ")
+    assert hopper.dq_sum_swizzle() == 32
+    monkeypatch.delenv(hopper.DQ_SWIZZLE_SWITCH)
+    assert hopper.dq_sum_swizzle() == hopper.DQ_SUM_SWIZZLE
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@NEEDS_FUSED
 def test_gpu_a_deterministic_call_keeps_to_the_seven_product_kernels(fused_backward_calls, monkeypatch):
     # deterministic=True (flashtile.attention and flash_attn_func alike) must give the same bits
     # on every call even where the fused backward is forced on; without it the fused one runs.

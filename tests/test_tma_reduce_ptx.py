@@ -79,11 +79,15 @@ def test_the_hook_adds_its_part_to_a_cache_key(hooks):
 
 def test_the_check_passes_a_rewritten_binary_and_stops_any_other():
     tma_reduce_ptx.check(SimpleNamespace(asm={"ptx": tma_reduce_ptx.rewrite(PTX)}))
-    one_more = PTX.replace("cp.async.bulk.commit_group;", tma_reduce_ptx.STORE + " [%rd9, {%r1, %r2}], [%r3];")
-    for ptx in (PTX, PTX.replace(tma_reduce_ptx.STORE, ""), one_more):  # stored, neither, a third 2-D store
+    # a box copied in parts (the 32-byte swizzle at d128): two reductions a warpgroup
+    in_parts = PTX.replace("cp.async.bulk.commit_group;", tma_reduce_ptx.STORE + " [%rd1, {%r1, %r2}], [%r3];")
+    tma_reduce_ptx.check(SimpleNamespace(asm={"ptx": tma_reduce_ptx.rewrite(in_parts)}))
+    one_left = tma_reduce_ptx.rewrite(PTX).replace(tma_reduce_ptx.REDUCE, tma_reduce_ptx.STORE, 1)
+    one_only = tma_reduce_ptx.rewrite(PTX.replace(tma_reduce_ptx.STORE, "nop", 1))
+    for ptx in (PTX, PTX.replace(tma_reduce_ptx.STORE, ""), one_left, one_only):  # stored, neither, one
+        # store left beside a reduction, one warpgroup's reduction alone
         with pytest.raises(tma_reduce_ptx.ReductionRewriteError, match="built without flashtile's PTX rewrite"):
-            tma_reduce_ptx.check(SimpleNamespace(asm={"ptx": tma_reduce_ptx.rewrite(ptx) if ptx is one_more
-                                                      else ptx}))
+            tma_reduce_ptx.check(SimpleNamespace(asm={"ptx": ptx}))
     # a build error to hopper: under auto the seven-product kernels take over
     assert hopper._is_build_error(tma_reduce_ptx.ReductionRewriteError("x"))
 

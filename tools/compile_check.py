@@ -139,7 +139,9 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
     params = list(inspect.signature(kernel.fn).parameters)
     # The fused backward's float32 dQ sum: (BLOCK_M, D / 2) boxes.
     sum_box = [constexprs["BLOCK_M"], constexprs["HEAD_DIM"] // 2]
-    dq_sum = f"tensordesc<fp32{sum_box},{gl.NVMMASharedLayout.get_default_for(sum_box, gl.float32)!r}>"
+    from flashtile.kernels import hopper
+
+    dq_sum = f"tensordesc<fp32{sum_box},{hopper._sum_layout(hopper.dq_sum_swizzle())!r}>"
     typed = {**{name: descriptor(q_rows) for name in ("q_desc", "o_desc", "do_desc", "dq_desc")},
              **{name: descriptor(kv_rows) for name in ("k_desc", "v_desc", "dk_desc", "dv_desc")},
              "dq_acc_desc": dq_sum.replace(" ", ""), "lse_desc": stats, "delta_desc": stats,

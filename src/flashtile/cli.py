@@ -376,7 +376,9 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
                  "unset (auto: five products at d64, d128 where measured faster; 1: at every length; "
                  "before Triton 3.8 the reduction is a TMA store rewritten in the PTX)"),
                 ("FLASHTILE_GLUON_BWD_TAIL",
-                 "unset (auto: off, not yet timed; 1: a non-causal five-product grid's last wave in parts)"),
+                 "unset (auto: off, measured slower; 1: a non-causal five-product grid's last wave in parts)"),
+                ("FLASHTILE_GLUON_DQ_SWIZZLE",
+                 "unset (128: the five-product backward's dQ staging swizzle in bytes; 0, 32, 64 measured slower)"),
                 ("FLASHTILE_GLUON_FWD_CONSUMERS",
                  "unset (auto: two consumer warpgroups; 3: three at d64, measured slower)"),
                 ("FLASHTILE_GLUON_DQ_STATS",

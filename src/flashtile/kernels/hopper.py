@@ -298,12 +298,38 @@ def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], element)
 
 
+# The swizzle (bytes) of the five-product backward's float32 dQ staging box. Each consumer thread
+# stores its accumulator's column pairs, 8 bytes at (row, 8j + 2t); a half-warp covers rows
+# r..r+3 of one 8-column group. TMA's 128-byte swizzle (Triton's default for these boxes) XORs a
+# 16-byte chunk's index with row % 8, which for rows 0-3 flips only the two low bits: the two
+# chunks of a column group land on the same banks twice (Nsight Compute, session 21: 4
+# wavefronts a store where 2 do, 9% of the kernel's shared-memory wavefronts). The 32-byte
+# swizzle removes that (ncu then reports no excess), but a box is copied in parts as wide as its
+# swizzle, and the reduction's narrower rows cost more than the conflicts (kernels alone, 16k,
+# session 21, probes/dq_swizzle.py; non-causal / causal against 128):
+#     d128: 64 bytes 0.967 / 0.977, 32 bytes 0.913 / 0.906, unswizzled (4-way conflicts) 0.908 / 0.917;
+#     d64:  64 bytes 1.000 / 0.983, 32 bytes 1.005 / 0.986, unswizzled 0.918 / 0.967.
+# FLASHTILE_GLUON_DQ_SWIZZLE (0, 32, 64 or 128) overrides it, for re-timing.
+DQ_SUM_SWIZZLE = 128
+DQ_SWIZZLE_SWITCH = "FLASHTILE_GLUON_DQ_SWIZZLE"
+
+
+def dq_sum_swizzle() -> int:
+    """DQ_SUM_SWIZZLE, or FLASHTILE_GLUON_DQ_SWIZZLE where set."""
+    value = os.environ.get(DQ_SWIZZLE_SWITCH, "").strip()
+    if not value:
+        return DQ_SUM_SWIZZLE
+    if value not in ("0", "32", "64", "128"):
+        raise ValueError(f"{DQ_SWIZZLE_SWITCH}: expected 0, 32, 64 or 128 (bytes), got {value!r}")
+    return int(value)
+
+
 @functools.lru_cache(maxsize=None)
-def _sum_layout(box: tuple):
+def _sum_layout(swizzle: int):
     """The shared-memory layout of the five-product backward's float32 dQ boxes (its staging
-    buffer's and the TMA reduction's)."""
+    buffer's and the TMA reduction's), with ``swizzle`` bytes (dq_sum_swizzle)."""
     gl = _gluon()[1]
-    return gl.NVMMASharedLayout.get_default_for(list(box), gl.float32)
+    return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=2)
 
 
 @functools.lru_cache(maxsize=None)
@@ -767,8 +793,12 @@ def _stats(buffer, rows):
 # non-causal grid of P equal programs on S SMs ends in a part-empty wave when S does not divide
 # P (every d128 cell of the speed grid: 2048 programs, 15.52 waves on 132 SMs, the last wave half
 # empty); its last programs' key tiles run as several parts of their Q tiles each, their dK and
-# dV summed from float32 partials. FLASHTILE_GLUON_BWD_TAIL: auto (off: written in session 20
-# after its device time, not yet run on a GPU), 1 (where tail_split finds a gain), 0.
+# dV summed from float32 partials. FLASHTILE_GLUON_BWD_TAIL: auto (off), 1 (where tail_split
+# finds a gain), 0. Off under auto: on the H200 (session 21, probes/fused_tail.py, kernels alone)
+# the split ran 0.971-0.980x the whole grid at d128 (8k, 16k) and 0.926-0.942x at d64. Why is
+# not settled; one reading: the last, part-empty wave runs faster a step than a full one (fewer
+# SMs share L2 and the power budget), so counting waves overstates what a split saves, and the
+# parts add their partials' traffic and a fixed cost each.
 TAIL_SWITCH = "FLASHTILE_GLUON_BWD_TAIL"
 TAIL_UNDER_AUTO = False
 TAIL_MIN_GAIN = 0.01  # the least fraction of the grid's waves a split must save
@@ -823,7 +853,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     block_m, block_n, stages = BWD_FUSED[head_dim]
     dq_acc = torch.zeros(batch * heads_q * s_pad, head_dim, dtype=torch.float32, device=q.device)
     box = (block_m, head_dim // 2)
-    dq_acc_desc = _descriptor(dq_acc, box, _sum_layout(box))
+    dq_acc_desc = _descriptor(dq_acc, box, _sum_layout(dq_sum_swizzle()))
     num_n_blocks = cdiv(seqlen_k, block_n)
     group = heads_q // heads_kv
     # Each program streams its group's Q and dO (2-byte inputs) and adds into the dQ sum's rows

@@ -23,7 +23,7 @@ dV) are 4-D and stay stores.
 Triton 3.6's cache key does not see the hook (3.8+ asks the hook for a part of the key, which
 it gives): a binary of the same kernel built by a process without the hook would hold the
 store, and dQ would be overwritten instead of summed. Every binary is therefore checked before
-its first launch (``check``, handed to fast_launch.launch): exactly REDUCTIONS reductions, no
+its first launch (``check``, handed to fast_launch.launch): at least REDUCTIONS reductions, no
 2-D store left. A binary that fails is a build error: hopper.py then runs the seven-product
 kernels under ``auto`` and raises under ``FLASHTILE_GLUON_BWD_FUSED=1``.
 """
@@ -43,8 +43,10 @@ STORE = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group"
 REDUCE = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group"
 # The same two in the SASS, for a binary whose PTX Triton did not keep (TRITON_STORE_BINARY_ONLY).
 SASS_STORE, SASS_REDUCE = "UTMASTG.2D", "UTMAREDG.2D.ADD"
-# The entry name of gluon_bwd_fused._dkdv_dq_kernel built with REDUCE_BY_PTX, and its count of
-# dQ reductions: one per consumer warpgroup (each partition of the warp-specialized kernel).
+# The entry name of gluon_bwd_fused._dkdv_dq_kernel built with REDUCE_BY_PTX, and its least count
+# of dQ reductions: one per consumer warpgroup (each partition of the warp-specialized kernel).
+# A box wider than its swizzle is copied in parts, a part a warp, so a warpgroup's reduction can
+# be more than one instruction (two under the 32-byte swizzle at d128).
 REWRITTEN = "_dkdv_dq_kernel_ptx_reduce"
 REDUCTIONS = 2
 _CACHE_KEY = "-flashtile-tma-reduce-ptx-1"  # this rewrite's part of a cache key (Triton 3.8+ asks for one)
@@ -101,7 +103,7 @@ def install() -> None:
 
 def check(compiled) -> None:
     """Raise ReductionRewriteError unless the binary ``compiled`` (a CompiledKernel) adds dQ by
-    REDUCTIONS TMA reductions and stores by none of its 2-D TMA stores: its PTX, or its SASS
+    REDUCTIONS TMA reductions or more and stores by none of its 2-D TMA stores: its PTX, or its SASS
     where Triton kept no PTX."""
     ptx = compiled.asm.get("ptx") or ""
     if ptx:
@@ -109,9 +111,9 @@ def check(compiled) -> None:
     else:
         text, store, reduce = compiled.asm["sass"], SASS_STORE, SASS_REDUCE
     found = text.count(reduce)
-    if found != REDUCTIONS or store in text:
+    if found < REDUCTIONS or store in text:
         raise ReductionRewriteError(
             f"the five-product backward's binary (triton {triton.__version__}) holds {found} dQ reductions "
-            f"(expected {REDUCTIONS}) and {text.count(store)} 2-D TMA stores (expected 0): a binary built without "
-            "flashtile's PTX rewrite, e.g. by a process that never installed it, and found in Triton's cache. "
+            f"(expected {REDUCTIONS} or more) and {text.count(store)} 2-D TMA stores (expected 0): a binary built "
+            "without flashtile's PTX rewrite, e.g. by a process that never installed it, and found in Triton's cache. "
             "TRITON_ALWAYS_COMPILE=1 or a new TRITON_CACHE_DIR rebuilds it")
