@@ -61,6 +61,11 @@
 #   bash benchmarks/gpu_final.sh probes  # the five-product backward against the seven-product one (needs
 #                                        # Triton 3.8+, see fused39), then the Gluon config sweep
 #                                        # (probes/gluon_sweep.py); ~400 s
+#   bash benchmarks/gpu_final.sh dq-swizzle  # the fused backward's dQ staging box under the 32-byte swizzle: its
+#                                        # GPU tests, probes/dq_swizzle.py (128/64/32 in turn), ncu's excess
+#                                        # shared-memory wavefronts; ~250 s
+#   bash benchmarks/gpu_final.sh ncu-source  # ncu's per-instruction stalls and bank conflicts of the fused
+#                                        # backward (non-causal, causal), summarised; ~60 s
 #   bash benchmarks/gpu_final.sh loops   # block-mask loops (attempt 22: runs of full tiles): masks.py (Flex
 #                                        # included), mask_tiles.py ranges (as built / run loop / tile by
 #                                        # tile); the decode append kernel (attempt 23): launch_overhead.py's
@@ -344,6 +349,29 @@ case ${1:-tests} in
     gluon_tests tests-tail.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu -k "tail_split or fused_backward_grid"
     step timeout 200 python3 benchmarks/probes/fused_tail.py > "$OUT/fused-tail.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-tail.log"; grep -v "Warn\|warn" "$OUT/fused-tail.log"; cat "$OUT/times.txt" ;;
+  dq-swizzle)
+    # The fused backward's float32 dQ staging box under the 32-byte swizzle (hopper.DQ_SUM_SWIZZLE;
+    # session 21's ncu: 2-way bank conflicts on every store of it under 128): the fused GPU tests
+    # with it, probes/dq_swizzle.py (oracle, then 128/64/32 timed in turn), and ncu's count of
+    # excess shared-memory wavefronts under 32 (session 21 under 128: 134M of 1545M); ~250 s.
+    FLASHTILE_GLUON_DQ_SWIZZLE=32 gluon_tests tests-swizzle.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu \
+      -k "$FUSED_SELECTION"
+    step timeout 240 python3 benchmarks/probes/dq_swizzle.py > "$OUT/dq-swizzle.log" 2>&1
+    step env FLASHTILE_GLUON_DQ_SWIZZLE=32 timeout 100 /usr/local/cuda/bin/ncu --target-processes all -k regex:_dkdv_dq \
+      -c 1 --section SourceCounters python3 benchmarks/probes/fused_bwd_ncu.py > "$OUT/ncu-swizzle.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-swizzle.log"; grep -v "Warn\|warn" "$OUT/dq-swizzle.log"
+    grep -i "excessive\|wavefronts" "$OUT/ncu-swizzle.log"; cat "$OUT/times.txt" ;;
+  ncu-source)
+    # Nsight Compute's source view of the non-causal and causal fused kernels (d128 16k), per
+    # SASS instruction: stall reasons and shared-memory wavefronts, summarised by
+    # probes/ncu_source_summary.py (session 21: the dQ staging stores' 2-way bank conflicts); ~60 s.
+    step timeout 300 /usr/local/cuda/bin/ncu --target-processes all -k regex:_dkdv_dq -c 2 --section SourceCounters \
+      --section WarpStateStats --section InstructionStats -o "$OUT/fused" python3 benchmarks/probes/fused_bwd_ncu.py \
+      > "$OUT/ncu.log" 2>&1
+    /usr/local/cuda/bin/ncu -i "$OUT/fused.ncu-rep" --page source --csv --print-source sass > "$OUT/source.csv"
+    python3 benchmarks/probes/ncu_source_summary.py "$OUT/source.csv" > "$OUT/source-summary.log" 2>&1
+    gzip "$OUT/source.csv"; rm -f "$OUT/fused.ncu-rep"
+    cat "$OUT/source-summary.log"; cat "$OUT/times.txt" ;;
   targets)
     # Session 20's single runs read these four cells at 0.98-1.02x cuDNN: at parity, one run's
     # order and drift decide. Five rounds, the providers in turn, each ratio the median of the
@@ -360,10 +388,12 @@ case ${1:-tests} in
       step timeout 200 python3 benchmarks/probes/fused_program_cost.py --headdim "$d" >> "$OUT/program-cost.log" 2>&1
     done
     step timeout 150 python3 benchmarks/probes/causal_schedule_only.py > "$OUT/schedule-only.log" 2>&1
+    step timeout 200 python3 benchmarks/probes/causal_program_cost.py > "$OUT/causal-cost.log" 2>&1
     step timeout 200 /usr/local/cuda/bin/ncu --target-processes all -k regex:_dkdv_dq -c 2 --section WarpStateStats \
       --section SchedulerStats --section SourceCounters python3 benchmarks/probes/fused_bwd_ncu.py \
       > "$OUT/ncu-stalls.log" 2>&1
-    grep -v "Warn\|warn" "$OUT/program-cost.log"; grep -v "Warn\|warn" "$OUT/schedule-only.log"; grep -E "_dkdv_dq|Stall|stall" "$OUT/ncu-stalls.log" | head -40
+    grep -v "Warn\|warn" "$OUT/program-cost.log"; grep -v "Warn\|warn" "$OUT/schedule-only.log"
+    grep -v "Warn\|warn" "$OUT/causal-cost.log"; grep -E "_dkdv_dq|Stall|stall" "$OUT/ncu-stalls.log" | head -40
     cat "$OUT/times.txt" ;;
   timeline)
     # Where the GPU waits in an eager 16-document step (session 18: 0.69 ms of host, 0.75 ms of

@@ -37,15 +37,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from timing import graph_ms  # noqa: E402
 
 
-def backward_ms(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int) -> float:
-    """Median ms of the preprocess + fused kernel + conversion, one non-causal backward."""
+def backward_ms(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool = False) -> float:
+    """Median ms of the preprocess + fused kernel + conversion, one backward."""
     q, dout = (torch.randn(batch, heads, seqlen_q, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(batch, heads, seqlen_k, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     scale = head_dim ** -0.5
     out = torch.empty_like(q)
-    lse = hopper.forward(q, k, v, out, scale, False)
+    lse = hopper.forward(q, k, v, out, scale, causal)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    return graph_ms(lambda: hopper.backward(q, k, v, out, dout, lse, None, scale, False, dq, dk, dv))
+    return graph_ms(lambda: hopper.backward(q, k, v, out, dout, lse, None, scale, causal, dq, dk, dv))
 
 
 def fit(rows):
