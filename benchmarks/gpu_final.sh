@@ -64,6 +64,8 @@
 #   bash benchmarks/gpu_final.sh dq-swizzle  # the fused backward's dQ staging box under the 32-byte swizzle: its
 #                                        # GPU tests, probes/dq_swizzle.py (128/64/32 in turn), ncu's excess
 #                                        # shared-memory wavefronts; ~250 s
+#   bash benchmarks/gpu_final.sh exp-poly  # the fused backward with part of its exponentials on the FMA units
+#                                        # (FLASHTILE_GLUON_BWD_EXP_POLY): GPU tests, probes/exp_poly.py; ~250 s
 #   bash benchmarks/gpu_final.sh ncu-source  # ncu's per-instruction stalls and bank conflicts of the fused
 #                                        # backward (non-causal, causal), summarised; ~60 s
 #   bash benchmarks/gpu_final.sh loops   # block-mask loops (attempt 22: runs of full tiles): masks.py (Flex
@@ -361,6 +363,13 @@ case ${1:-tests} in
       -c 1 --section SourceCounters python3 benchmarks/probes/fused_bwd_ncu.py > "$OUT/ncu-swizzle.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-swizzle.log"; grep -v "Warn\|warn" "$OUT/dq-swizzle.log"
     grep -i "excessive\|wavefronts" "$OUT/ncu-swizzle.log"; cat "$OUT/times.txt" ;;
+  exp-poly)
+    # Part of the fused backward's exponentials on the FMA units (kernels/exp2_split.py): its GPU
+    # tests and the fused selection with 1 of 4 forced, then probes/exp_poly.py (0, 1, 2 in turn); ~250 s.
+    FLASHTILE_GLUON_BWD_EXP_POLY=1 gluon_tests tests-exp-poly.log "${TEST_LIMIT:-170}" 150 tests/test_gluon.py -m gpu \
+      -k "$FUSED_SELECTION or polynomial"
+    step timeout 300 python3 benchmarks/probes/exp_poly.py > "$OUT/exp-poly.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-exp-poly.log"; grep -v "Warn\|warn" "$OUT/exp-poly.log"; cat "$OUT/times.txt" ;;
   ncu-source)
     # Nsight Compute's source view of the non-causal and causal fused kernels (d128 16k), per
     # SASS instruction: stall reasons and shared-memory wavefronts, summarised by

@@ -1021,6 +1021,24 @@ def test_gpu_fused_backward_under_each_dq_swizzle_matches_the_oracle(fused_backw
     assert len(fused_backward_calls) == 2
 
 
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@NEEDS_FUSED
+@pytest.mark.parametrize("poly", ["1", "2"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_fused_backward_with_polynomial_exponentials_matches_the_oracle(fused_backward_calls, monkeypatch,
+                                                                            head_dim, poly):
+    # FLASHTILE_GLUON_BWD_EXP_POLY: 1 or 2 of every 4 of Pᵀ's exponentials by exp2_split's
+    # polynomial. Causal tiles (masked scores: -inf, which must give exactly 0), rows past the end
+    # (lse2 = +inf), GQA 6:2, q longer and shorter than k, fp16 (the finer rounding of Pᵀ) too,
+    # against the float64 oracle.
+    monkeypatch.setenv(hopper.EXP_POLY_SWITCH, poly)
+    check_case(2, 700, 777, 6, 2, head_dim, torch.bfloat16)
+    check_case(1, 900, 333, 6, 2, head_dim, torch.bfloat16, causal=True, layout="bhsd")
+    check_case(1, 203, 203, 2, 1, head_dim, torch.float16, causal=True)
+    assert len(fused_backward_calls) == 3
+
+
 def test_the_dq_swizzle_switch_names_what_it_takes(monkeypatch):
     monkeypatch.setenv(hopper.DQ_SWIZZLE_SWITCH, "16")
     with pytest.raises(ValueError, match="FLASHTILE_GLUON_DQ_SWIZZLE: expected 0, 32, 64 or 128"):

@@ -214,22 +214,26 @@ def gluon_variants(quick: bool):
     # CI's ptxas assembles the rewritten instruction too).
     native = hopper._gluon_common().HAS_TMA_REDUCE
     # (head dim, causal, dtype, reduction by PTX, Q tiles last first, tail split)
-    quick_cases = [(128, True, "bf16", False, False, False), (64, False, "bf16", True, False, False)]
+    # (head dim, causal, dtype, reduction by PTX, Q tiles last first, tail split, EXP_POLY)
+    quick_cases = [(128, True, "bf16", False, False, False, 0), (64, False, "bf16", True, False, False, 0),
+                   (64, True, "bf16", False, False, False, 2)]
     cases = quick_cases if quick else [
-        (128, True, "bf16", False, False, False), (128, False, "fp16", False, False, False),
-        (64, True, "bf16", False, False, False), (64, False, "bf16", False, False, False),
-        (128, False, "bf16", True, False, False), (64, True, "fp16", True, False, False),
-        (128, True, "bf16", False, True, False), (64, True, "bf16", True, True, False),
-        (128, False, "bf16", False, False, True), (64, False, "bf16", True, False, True)]
-    for d, causal, dtype, by_ptx, descending, tail in cases:
+        (128, True, "bf16", False, False, False, 0), (128, False, "fp16", False, False, False, 0),
+        (64, True, "bf16", False, False, False, 0), (64, False, "bf16", False, False, False, 0),
+        (128, False, "bf16", True, False, False, 0), (64, True, "fp16", True, False, False, 0),
+        (128, True, "bf16", False, True, False, 0), (64, True, "bf16", True, True, False, 0),
+        (128, False, "bf16", False, False, True, 0), (64, False, "bf16", True, False, True, 0),
+        (128, True, "bf16", False, True, False, 1), (64, False, "fp16", False, False, False, 2)]
+    for d, causal, dtype, by_ptx, descending, tail, poly in cases:
         by_ptx = by_ptx or not native
         m, n, stages = hopper.BWD_FUSED[d]
         yield (f"gluon fused dkdv+dq d={d} {'causal' if causal else 'full'} {dtype} s{stages}"
                f"{' ptx-reduce' if by_ptx else ''}{' q-descending' if descending else ''}"
-               f"{' tail-split' if tail else ''}",
+               f"{' tail-split' if tail else ''}{f' exp-poly{poly}' if poly else ''}",
                hopper._fused_module()._dkdv_dq_kernel,
                dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, REDUCE_BY_PTX=by_ptx,
-                    Q_DESCENDING=descending, TAIL_SPLIT=tail, DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2, **regs), 4)
+                    Q_DESCENDING=descending, TAIL_SPLIT=tail, EXP_POLY=poly, DTYPE=dtype, Q_ROWS=m,
+                    KV_ROWS=n // 2, **regs), 4)
 
 
 def listed_variants(gluon_fwd, quick: bool, regs: dict):

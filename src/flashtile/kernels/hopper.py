@@ -313,6 +313,25 @@ def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
 DQ_SUM_SWIZZLE = 128
 DQ_SWIZZLE_SWITCH = "FLASHTILE_GLUON_DQ_SWIZZLE"
 
+# How many of every 4 of Pᵀ's exponentials the five-product backward computes by a polynomial on
+# the FMA units instead of the SFU (kernels/exp2_split.py), by kernel head dim: a consumer's SFU
+# phase per step is ~512 clocks at d64 (64 × 128 exponentials a warpgroup at 16 a clock per SM),
+# ~256 at d128. On the H200 (session 21, probes/exp_poly.py, kernels alone) 1 of 4 read +1-2% at
+# d128 in one run of 3 rounds and -2% to +1% in the next of 5; d64 -3% to +2%: no gain beyond the
+# runs' spread, so none under auto. FLASHTILE_GLUON_BWD_EXP_POLY (auto, 0, 1, 2) sets it for every head dim.
+FUSED_EXP_POLY = {64: 0, 128: 0}
+EXP_POLY_SWITCH = "FLASHTILE_GLUON_BWD_EXP_POLY"
+
+
+def fused_exp_poly(head_dim: int) -> int:
+    """FUSED_EXP_POLY's entry for ``head_dim``, or FLASHTILE_GLUON_BWD_EXP_POLY where not auto."""
+    value = os.environ.get(EXP_POLY_SWITCH, "auto").strip().lower() or "auto"
+    if value == "auto":
+        return FUSED_EXP_POLY.get(head_dim, 0)
+    if value not in ("0", "1", "2"):
+        raise ValueError(f"{EXP_POLY_SWITCH}: expected auto, 0, 1 or 2 (of every 4 exponentials), got {value!r}")
+    return int(value)
+
 
 def dq_sum_swizzle() -> int:
     """DQ_SUM_SWIZZLE, or FLASHTILE_GLUON_DQ_SWIZZLE where set."""
@@ -885,7 +904,8 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
         softmax_scale * LOG2E, softmax_scale, *tail,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, REDUCE_BY_PTX=by_ptx,
-        Q_DESCENDING=causal and FUSED_Q_DESCENDING.get(head_dim, False), TAIL_SPLIT=split is not None, check=check,
+        Q_DESCENDING=causal and FUSED_Q_DESCENDING.get(head_dim, False), TAIL_SPLIT=split is not None,
+        EXP_POLY=fused_exp_poly(head_dim), check=check,
     )
     if split is not None:
         rows = 64
