@@ -62,8 +62,8 @@
 #                                        # Triton 3.8+, see fused39), then the Gluon config sweep
 #                                        # (probes/gluon_sweep.py); ~400 s
 #   bash benchmarks/gpu_final.sh dq-swizzle  # the fused backward's dQ staging box under the 32-byte swizzle: its
-#                                        # GPU tests, probes/dq_swizzle.py (128/64/32 in turn), ncu's excess
-#                                        # shared-memory wavefronts; ~250 s
+#                                        # GPU tests, probes/dq_swizzle.py (128/64/32/0 in turn), ncu's excess
+#                                        # shared-memory wavefronts; ~300 s
 #   bash benchmarks/gpu_final.sh exp-poly  # the fused backward with part of its exponentials on the FMA units
 #                                        # (FLASHTILE_GLUON_BWD_EXP_POLY): GPU tests, probes/exp_poly.py; ~250 s
 #   bash benchmarks/gpu_final.sh ncu-source  # ncu's per-instruction stalls and bank conflicts of the fused
@@ -354,8 +354,8 @@ case ${1:-tests} in
   dq-swizzle)
     # The fused backward's float32 dQ staging box under the 32-byte swizzle (hopper.DQ_SUM_SWIZZLE;
     # session 21's ncu: 2-way bank conflicts on every store of it under 128): the fused GPU tests
-    # with it, probes/dq_swizzle.py (oracle, then 128/64/32 timed in turn), and ncu's count of
-    # excess shared-memory wavefronts under 32 (session 21 under 128: 134M of 1545M); ~250 s.
+    # with it, probes/dq_swizzle.py (oracle, then 128/64/32/0 timed in turn), and ncu's count of
+    # excess shared-memory wavefronts under 32 (session 21 under 128: 134M of 1545M); ~300 s.
     FLASHTILE_GLUON_DQ_SWIZZLE=32 gluon_tests tests-swizzle.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu \
       -k "$FUSED_SELECTION"
     step timeout 240 python3 benchmarks/probes/dq_swizzle.py > "$OUT/dq-swizzle.log" 2>&1

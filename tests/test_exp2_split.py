@@ -37,17 +37,24 @@ def test_its_error_is_below_what_p_is_rounded_to():
     assert relative < 2.0 ** -12 / 3
 
 
-@pytest.mark.parametrize("poly_of_4", [1, 2])
+@pytest.mark.parametrize("poly_of_4", [1, 2, 4])
 def test_the_ptx_puts_the_last_elements_of_a_pack_on_the_polynomial(poly_of_4):
     text = exp2_split.ptx(poly_of_4)
     sfu = re.findall(r"ex2\.approx\.ftz\.f32 \$(\d), \$(\d);", text)
     assert [(int(o), int(i)) for o, i in sfu] == [(k, k + 4) for k in range(4 - poly_of_4)]
-    assert re.findall(r"selp\.b32 \$(\d),", text) == [str(k) for k in range(4 - poly_of_4, 4)]
-    # the coefficients it writes are COEFFICIENTS as float32, highest degree first in the first fma
-    constants = [struct.unpack(">f", bytes.fromhex(h))[0] for h in re.findall(r"0f([0-9A-F]{8})", text)]
     c0, c1, c2, c3 = (struct.unpack("f", struct.pack("f", c))[0] for c in exp2_split.COEFFICIENTS)
-    assert constants[:6] == [exp2_split.ROUNDER, exp2_split.ROUNDER, c3, c2, c1, c0]
-    assert constants[6] == exp2_split.LOWEST
+    lanes = text.split("add.rn.f32 t, ")[1:]  # one polynomial lane each, in order
+    assert len(lanes) == poly_of_4
+    for k, lane in zip(range(4 - poly_of_4, 4), lanes):
+        x = f"${k + 4}"
+        # every step of the lane reads its own input and writes its own output
+        assert lane.startswith(x + ",") and f"sub.rn.f32 f, {x}, n;" in lane, lane
+        assert f"setp.lt.f32 low, {x}," in lane and f"selp.b32 ${k}, 0, r, low;" in lane, lane
+        assert lane.count("fma.rn.f32") == 3 and "shl.b32 e, t, 23;" in lane and "add.s32 r, r, e;" in lane
+        constants = [struct.unpack(">f", bytes.fromhex(h))[0] for h in re.findall(r"0f([0-9A-F]{8})", lane)]
+        assert constants == [exp2_split.ROUNDER, exp2_split.ROUNDER, c3, c2, c1, c0, exp2_split.LOWEST]
+    with pytest.raises(ValueError, match="poly_of_4: expected 1 to 4"):
+        exp2_split.ptx(5)
 
 
 def test_the_switch_names_what_it_takes(monkeypatch):

@@ -16,6 +16,10 @@ exactly 0, as MUFU.EX2 with flush-to-zero gives 0 below −126.
 ``exp2_split(x, POLY_OF_4)`` computes that for POLY_OF_4 of every 4 consecutive elements of a
 thread (Triton's inline-asm packs of 4) and MUFU.EX2 for the rest. ``exp2_poly_reference`` is the
 same arithmetic in torch float32, for the CPU tests (the interpreter cannot run PTX).
+
+Its domain is x < 128, which the backward's arguments keep to (Sᵀ·scale − lse2 ≤ ~0; masked scores
+and rows past the end are −inf): from 128 up the exponent field overflows (+inf and NaN give NaN,
+where MUFU.EX2 gives +inf). NaN gives NaN.
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ def _hex(value: float) -> str:
 
 def ptx(poly_of_4: int) -> str:
     """The inline PTX of one pack of 4 float32 elements ($4..$7 in, $0..$3 out, 32-bit
-    registers): the last ``poly_of_4`` by the polynomial, the others by ex2.approx.ftz."""
+    registers): the last ``poly_of_4`` (1 to 4) by the polynomial, the others by ex2.approx.ftz.
+    The polynomial lanes reuse one set of scratch registers, one lane after the other."""
+    if not 1 <= poly_of_4 <= 4:
+        raise ValueError(f"poly_of_4: expected 1 to 4 of a pack of 4, got {poly_of_4}")
     c0, c1, c2, c3 = (_hex(c) for c in COEFFICIENTS)
     lines = ["{", ".reg .f32 t, n, f, p;", ".reg .b32 e, r;", ".reg .pred low;"]
     for k in range(4):
@@ -71,8 +78,9 @@ _PTX_2 = gl.constexpr(ptx(2))
 
 @gluon.jit
 def exp2_split(x, POLY_OF_4: gl.constexpr):
-    """2**x (float32, any layout): POLY_OF_4 (0, 1 or 2) of every 4 of a thread's elements by the
-    polynomial, the rest by MUFU.EX2; 0 is gl.exp2 alone."""
+    """2**x of float32 ``x`` below 128 (any layout; the module's docstring has the domain):
+    POLY_OF_4 (0, 1 or 2) of every 4 of a thread's elements by the polynomial, the rest by
+    MUFU.EX2; 0 is gl.exp2 alone."""
     gl.static_assert(POLY_OF_4 == 0 or POLY_OF_4 == 1 or POLY_OF_4 == 2, "POLY_OF_4: 0, 1 or 2")
     if POLY_OF_4 == 0:
         result = gl.exp2(x)
@@ -86,15 +94,16 @@ def exp2_split(x, POLY_OF_4: gl.constexpr):
 
 
 def exp2_poly_reference(x: torch.Tensor) -> torch.Tensor:
-    """The polynomial path's arithmetic in torch float32, step for step as ``ptx`` writes it (its
-    fused multiply-adds through float64, rounded once)."""
+    """The polynomial path's arithmetic in torch float32, step for step as ``ptx`` writes it. Its
+    fused multiply-adds go through float64 (a·b exact there) and are then rounded to float32:
+    twice rounded, so a result can differ from fma.rn.f32's in the last bit."""
     x = x.to(torch.float32)
     rounder = torch.tensor(ROUNDER, dtype=torch.float32)
     t = x + rounder
     f = x - (t - rounder)
     c0, c1, c2, c3 = (torch.tensor(c, dtype=torch.float32).double() for c in COEFFICIENTS)
 
-    def fma(a, b, c):  # one rounding, as fma.rn.f32: a·b of two float32 values is exact in float64
+    def fma(a, b, c):  # a·b of two float32 values is exact in float64; + c and the cast each round
         return (a.double() * b + c).to(torch.float32)
 
     p = fma(fma(fma(f, c3, c2), f, c1), f, c0)

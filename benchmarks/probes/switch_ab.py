@@ -1,0 +1,63 @@
+"""The five-product backward under each setting of one switch: checked against the oracle, then timed in turn.
+
+What probes/dq_swizzle.py and probes/exp_poly.py share (each names its switch and settings):
+
+1. Under each setting, the gradients against the float64 oracle (fused_bwd.check: GQA 6:2, 1000
+   queries against 1100 keys, 203 against 203), causal and not, at every head dim.
+2. The backward's kernels alone (CUDA graphs, gluon_sweep.time_config: B·N = 16k tokens,
+   H = 2048 / d, bf16), the settings in turn each round; medians, TFLOP/s, each ratio to the
+   first setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fused_bwd import check  # noqa: E402
+from gluon_sweep import time_config  # noqa: E402
+
+
+def arguments(description: str, settings: list, headdims: list, seqlens: list) -> argparse.Namespace:
+    """--headdims, --seqlens, --rounds and --settings (the first: the one the others are compared with)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--headdims", nargs="+", type=int, default=headdims)
+    parser.add_argument("--seqlens", nargs="+", type=int, default=seqlens)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--settings", nargs="+", default=settings,
+                        help="the switch's values; the first is the one the others are compared with")
+    return parser.parse_args()
+
+
+def check_and_time(switch: str, args: argparse.Namespace) -> None:
+    """Steps 1 and 2 of this module's docstring for the environment variable ``switch``, the fused
+    kernel forced (FLASHTILE_GLUON_BWD_FUSED=1)."""
+    os.environ["FLASHTILE_GLUON_BWD"] = "1"
+    os.environ["FLASHTILE_GLUON_BWD_FUSED"] = "1"
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
+    for setting in args.settings:
+        os.environ[switch] = setting
+        for head_dim in args.headdims:
+            for causal in (False, True):
+                for seqlen_q, seqlen_k in ((1000, 1100), (203, 203)):
+                    check(head_dim, causal, seqlen_q, seqlen_k)
+        print(f"{switch}={setting}: gradients within the oracle's tolerance (d{args.headdims}, causal and not)",
+              flush=True)
+    print(f"\nbackward TFLOP/s by {switch}, kernels alone (CUDA graphs), medians of {args.rounds} rounds")
+    for head_dim in args.headdims:
+        for seqlen in args.seqlens:
+            for causal in (False, True):
+                times = {s: [] for s in args.settings}
+                for _ in range(args.rounds):
+                    for setting in args.settings:
+                        os.environ[switch] = setting
+                        times[setting].append(time_config("bwd", head_dim, seqlen, causal))
+                medians = {s: statistics.median(t) for s, t in times.items()}
+                base = medians[args.settings[0]]
+                cells = "   ".join(f"{s:>3s}: {medians[s]:5.0f} ({medians[s] / base:5.3f})" for s in args.settings)
+                print(f"d{head_dim:<4d} N={seqlen:<6d} {'causal' if causal else 'full  '}  {cells}", flush=True)
