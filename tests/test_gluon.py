@@ -1039,12 +1039,44 @@ def test_gpu_fused_backward_with_polynomial_exponentials_matches_the_oracle(fuse
     assert len(fused_backward_calls) == 3
 
 
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@NEEDS_FUSED
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_fused_backward_with_its_lse_row_loaded_early_matches_the_oracle(fused_backward_calls, monkeypatch,
+                                                                             head_dim):
+    # FLASHTILE_GLUON_BWD_HOIST_STATS=1: each step's lse2 row loaded before the Sᵀ product is
+    # waited for. Causal and not, rows past the end (lse2 = +inf), GQA 6:2, q longer and shorter
+    # than k, fp16 too, against the float64 oracle.
+    monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "1")
+    check_case(2, 700, 777, 6, 2, head_dim, torch.bfloat16)
+    check_case(1, 900, 333, 6, 2, head_dim, torch.bfloat16, causal=True, layout="bhsd")
+    check_case(1, 203, 203, 2, 1, head_dim, torch.float16, causal=True)
+    assert len(fused_backward_calls) == 3
+
+
+def test_the_hoist_switch_names_what_it_takes_and_auto_follows_the_table(monkeypatch):
+    monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "yes")
+    with pytest.raises(ValueError, match="FLASHTILE_GLUON_BWD_HOIST_STATS: expected auto, 0 or 1, got 'yes'"):
+        hopper.fused_hoist_stats(128)
+    monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "0")
+    assert not hopper.fused_hoist_stats(128)
+    monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "1")
+    assert hopper.fused_hoist_stats(64)
+    monkeypatch.delenv(hopper.HOIST_STATS_SWITCH)
+    assert [hopper.fused_hoist_stats(d) for d in (64, 128)] == [hopper.FUSED_HOIST_STATS[64],
+                                                                   hopper.FUSED_HOIST_STATS[128]]
+
+
 def test_the_dq_swizzle_switch_names_what_it_takes(monkeypatch):
     monkeypatch.setenv(hopper.DQ_SWIZZLE_SWITCH, "16")
-    with pytest.raises(ValueError, match="FLASHTILE_GLUON_DQ_SWIZZLE: expected 0, 32, 64 or 128"):
+    with pytest.raises(ValueError, match="FLASHTILE_GLUON_DQ_SWIZZLE: expected auto, 0, 32, 64 or 128"):
         hopper.dq_sum_swizzle()
     monkeypatch.setenv(hopper.DQ_SWIZZLE_SWITCH, " 32 ")
     assert hopper.dq_sum_swizzle() == 32
+    for unset in ("auto", ""):
+        monkeypatch.setenv(hopper.DQ_SWIZZLE_SWITCH, unset)
+        assert hopper.dq_sum_swizzle() == hopper.DQ_SUM_SWIZZLE
     monkeypatch.delenv(hopper.DQ_SWIZZLE_SWITCH)
     assert hopper.dq_sum_swizzle() == hopper.DQ_SUM_SWIZZLE
 

@@ -141,7 +141,7 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
     sum_box = [constexprs["BLOCK_M"], constexprs["HEAD_DIM"] // 2]
     from flashtile.kernels import hopper
 
-    dq_sum = f"tensordesc<fp32{sum_box},{hopper._sum_layout(hopper.dq_sum_swizzle())!r}>"
+    dq_sum = f"tensordesc<fp32{sum_box},{hopper._sum_layout(tuple(sum_box), hopper.dq_sum_swizzle())!r}>"
     typed = {**{name: descriptor(q_rows) for name in ("q_desc", "o_desc", "do_desc", "dq_desc")},
              **{name: descriptor(kv_rows) for name in ("k_desc", "v_desc", "dk_desc", "dv_desc")},
              "dq_acc_desc": dq_sum.replace(" ", ""), "lse_desc": stats, "delta_desc": stats,
@@ -213,7 +213,6 @@ def gluon_variants(quick: bool):
     # that tma_reduce_ptx.py rewrites into it (what runs before 3.8; here under any Triton, so that
     # CI's ptxas assembles the rewritten instruction too).
     native = hopper._gluon_common().HAS_TMA_REDUCE
-    # (head dim, causal, dtype, reduction by PTX, Q tiles last first, tail split)
     # (head dim, causal, dtype, reduction by PTX, Q tiles last first, tail split, EXP_POLY)
     quick_cases = [(128, True, "bf16", False, False, False, 0), (64, False, "bf16", True, False, False, 0),
                    (64, True, "bf16", False, False, False, 2)]
@@ -232,8 +231,9 @@ def gluon_variants(quick: bool):
                f"{' tail-split' if tail else ''}{f' exp-poly{poly}' if poly else ''}",
                hopper._fused_module()._dkdv_dq_kernel,
                dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, REDUCE_BY_PTX=by_ptx,
-                    Q_DESCENDING=descending, TAIL_SPLIT=tail, EXP_POLY=poly, DTYPE=dtype, Q_ROWS=m,
-                    KV_ROWS=n // 2, **regs), 4)
+                    Q_DESCENDING=descending, TAIL_SPLIT=tail, EXP_POLY=poly,
+                    HOIST_STATS=hopper.FUSED_HOIST_STATS.get(d, False), DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2,
+                    **regs), 4)
 
 
 def listed_variants(gluon_fwd, quick: bool, regs: dict):

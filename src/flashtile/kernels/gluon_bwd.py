@@ -105,15 +105,17 @@ def _dkdv_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
 def transposed_probabilities(s, lse_smem, slot, keys, key_first, m_start, shift, qk_scale, KEY_ROWS: gl.constexpr,
                              BLOCK_M: gl.constexpr, col_layout: gl.constexpr, CAUSAL: gl.constexpr, masked=False,
                              batch=0, head=0, seqlen_q=0, seqlen_k=0, mask_buffer=None, MASK_MOD: gl.constexpr = None,
-                             EXP_POLY: gl.constexpr = 0):
+                             EXP_POLY: gl.constexpr = 0, lse2=None):
     """Pᵀ = exp2(Sᵀ·qk_scale − lse2) of a dK/dV step: ``s`` its KEY_ROWS keys (from ``key_first``;
     ``keys`` their indices) × BLOCK_M queries (from ``m_start``), lse2 the ring's row in ``slot``;
     under CAUSAL (bottom-right, ``shift`` = Sk − Sq) masked only where the tile crosses the diagonal.
     With MASK_MOD (a block mask's list), a ``masked`` (partial) tile hides what
     MASK_MOD(batch, head, q_idx, kv_idx, mask_buffer) does not see; keys past the end need no
     mask (their dK, dV rows are never stored), queries past it have lse2 = +inf. EXP_POLY of every
-    4 exponentials by a polynomial on the FMA units, the rest on the SFU (exp2_split.py)."""
-    lse2 = lse_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
+    4 exponentials by a polynomial on the FMA units, the rest on the SFU (exp2_split.py). ``lse2``:
+    the row already loaded (_dkdv_tile's HOIST_STATS), else loaded here."""
+    if lse2 is None:
+        lse2 = lse_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
     s = s * qk_scale - lse2[None, :]
     if CAUSAL:  # mask only tiles that cross the diagonal: some key > some query + shift
         if key_first + KEY_ROWS - 1 > m_start + shift:
@@ -132,14 +134,17 @@ def transposed_probabilities(s, lse_smem, slot, keys, key_first, m_start, shift,
 def _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, dv, s_zero, keys, key_first, m_start,
                shift, qk_scale, ds_out, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
                CAUSAL: gl.constexpr, STORE_DS: gl.constexpr, masked=False, batch=0, head=0, seqlen_q=0, seqlen_k=0,
-               mask_buffer=None, MASK_MOD: gl.constexpr = None, EXP_POLY: gl.constexpr = 0):
+               mask_buffer=None, MASK_MOD: gl.constexpr = None, EXP_POLY: gl.constexpr = 0,
+               HOIST_STATS: gl.constexpr = False):
     """One step of a dK/dV consumer warpgroup, its HALF_N keys against one BLOCK_M-row Q tile:
     Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ = exp2(Sᵀ·qk_scale − lse2) (the causal mask on tiles that cross
     the diagonal), dV += Pᵀ dO, dSᵀ = Pᵀ ∘ (dPᵀ − Delta), dK += dSᵀ Q; with STORE_DS, dSᵀ (in the
     inputs' dtype) is also stored into ``ds_out`` (gluon_bwd_fused.py's dQ reads it). Returns
     (dk, dv), every product retired. lse_smem, delta_smem: the ring of (1, BLOCK_M) rows; ``slot``
     the step's. ``masked`` ... MASK_MOD: a block mask's partial tile, EXP_POLY: the exponentials'
-    split (transposed_probabilities)."""
+    split (transposed_probabilities). HOIST_STATS: lse2's row loaded while the Sᵀ product runs, so
+    that its shared-memory latency is not on the path from Sᵀ to Pᵀ (Delta's too spilled: 56 bytes
+    of stack at d128 against 16, 312 at d64, Triton 3.6)."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # S^T, dP^T: HALF_N keys x BLOCK_M queries
     kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N x HEAD_DIM
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
@@ -147,10 +152,13 @@ def _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, 
     dtype: gl.constexpr = k_tile.dtype
     s = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     dp = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    lse2 = None
+    if HOIST_STATS:
+        lse2 = lse_smem.index(slot).reshape([BLOCK_M]).load(col_layout)
     s = warpgroup_mma_wait(1, deps=(s, ))
     p = transposed_probabilities(s, lse_smem, slot, keys, key_first, m_start, shift, qk_scale, HALF_N, BLOCK_M,
                                  col_layout, CAUSAL, masked, batch, head, seqlen_q, seqlen_k, mask_buffer, MASK_MOD,
-                                 EXP_POLY)
+                                 EXP_POLY, lse2)
     p16 = gl.convert_layout(p.to(dtype), a_layout, assert_trivial=True)
     dv = warpgroup_mma(p16, do_tile, dv, is_async=True)
     dp = warpgroup_mma_wait(1, deps=(dp, ))  # S^T, dP^T done; dV may still run

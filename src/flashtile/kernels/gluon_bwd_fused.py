@@ -60,7 +60,7 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
                     qk_scale, softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                     CAUSAL: gl.constexpr, REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr,
-                    EXP_POLY: gl.constexpr):
+                    EXP_POLY: gl.constexpr, HOIST_STATS: gl.constexpr):
     """One warpgroup: dK, dV of keys [n_start + half·HALF_N, +HALF_N); dQ columns
     [half·HEAD_DIM/2, +HEAD_DIM/2) of every streamed Q tile over the CTA's 2·HALF_N keys, staged
     in ``dq_stage`` (BLOCK_M × HEAD_DIM/2 float32, this warpgroup's) and added through
@@ -119,7 +119,7 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
         if run:  # gluon_bwd's step, dSᵀ also stored for the dQ product below
             dk, dv = _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, dv, s_zero, keys,
                                 key_first, m_start, shift, qk_scale, ds_half, HALF_N, BLOCK_M, HEAD_DIM, CAUSAL, True,
-                                EXP_POLY=EXP_POLY)
+                                EXP_POLY=EXP_POLY, HOIST_STATS=HOIST_STATS)
         else:
             ds_half.store(s_zero.to(dtype))
         # This warpgroup's dSᵀ stored by all its threads and visible to wgmma (the async proxy)
@@ -180,7 +180,7 @@ def _dkdv_dq_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     REDUCE_BY_PTX: gl.constexpr = False, Q_DESCENDING: gl.constexpr = False, TAIL_SPLIT: gl.constexpr = False,
-    EXP_POLY: gl.constexpr = 0,
+    EXP_POLY: gl.constexpr = 0, HOIST_STATS: gl.constexpr = False,
 ):
     """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile of one kv head, and its share of dQ added
     into the float32 sum behind ``dq_acc_desc`` ((B·Hq·S_pad, HEAD_DIM), zeroed, boxes of
@@ -188,7 +188,8 @@ def _dkdv_dq_kernel(
     ``REDUCE_BY_PTX``: the reduction issued as a TMA store for tma_reduce_ptx.py to rewrite
     (a Triton whose Gluon lacks it; gluon_common.tma_reduce_add). ``Q_DESCENDING``: each
     program visits its Q tiles last first (gluon_common.q_tile_start). ``EXP_POLY``: 0, 1 or 2 of
-    every 4 of Pᵀ's exponentials by a polynomial on the FMA units (exp2_split.py).
+    every 4 of Pᵀ's exponentials by a polynomial on the FMA units (exp2_split.py). ``HOIST_STATS``:
+    each step's lse2 row loaded while its Sᵀ product runs (gluon_bwd._dkdv_tile).
 
     ``TAIL_SPLIT`` (hopper.tail_split): programs from ``n_whole`` on each run one of ``splits``
     parts of a key tile's (query head, Q tile) steps, ``splits`` programs a tile, so that the
@@ -239,13 +240,13 @@ def _dkdv_dq_kernel(
                            n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
                            softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
                            HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX,
-                           Q_DESCENDING, EXP_POLY)),
+                           Q_DESCENDING, EXP_POLY, HOIST_STATS)),
         (_fused_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage.index(1),
                            kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, batch, head_kv,
                            n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
                            softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
                            HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX,
-                           Q_DESCENDING, EXP_POLY)),
+                           Q_DESCENDING, EXP_POLY, HOIST_STATS)),
         (_dkdv_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                         lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty, batch, head_kv, n_start, heads_q,
                         group_size, first_tile, n_q_tiles, n_q_blocks, HALF_N, BLOCK_M, NUM_STAGES, Q_DESCENDING,

@@ -322,6 +322,27 @@ DQ_SWIZZLE_SWITCH = "FLASHTILE_GLUON_DQ_SWIZZLE"
 FUSED_EXP_POLY = {64: 0, 128: 0}
 EXP_POLY_SWITCH = "FLASHTILE_GLUON_BWD_EXP_POLY"
 
+# Whether the five-product backward's consumers load each step's lse2 row while the step's Sᵀ
+# product runs, instead of after waiting for it (gluon_bwd._dkdv_tile's HOIST_STATS): session
+# 21's ncu source view put most of the d128 kernel's short-scoreboard stalls (13% of the samples)
+# on the FFMA and FADD waiting for the lse2 and Delta loads from shared memory. The row then holds
+# 16 registers a thread across the wait at d128 (stack 8 -> 16 bytes, Triton 3.6), 32 at d64
+# (48 -> 128 bytes). On the H200 (session 21, probes/hoist_stats.py, kernels alone, medians of 5
+# rounds) d128 ran 1.023-1.034x without it at 4k and 16k, causal and not: on at d128; d64 (its
+# spills) not timed. FLASHTILE_GLUON_BWD_HOIST_STATS (auto, 0, 1) sets it for every head dim.
+FUSED_HOIST_STATS = {64: False, 128: True}
+HOIST_STATS_SWITCH = "FLASHTILE_GLUON_BWD_HOIST_STATS"
+
+
+def fused_hoist_stats(head_dim: int) -> bool:
+    """FUSED_HOIST_STATS's entry for ``head_dim``, or FLASHTILE_GLUON_BWD_HOIST_STATS where not auto."""
+    value = os.environ.get(HOIST_STATS_SWITCH, "auto").strip().lower() or "auto"
+    if value == "auto":
+        return FUSED_HOIST_STATS.get(head_dim, False)
+    if value not in ("0", "1"):
+        raise ValueError(f"{HOIST_STATS_SWITCH}: expected auto, 0 or 1, got {value!r}")
+    return value == "1"
+
 
 def fused_exp_poly(head_dim: int) -> int:
     """FUSED_EXP_POLY's entry for ``head_dim``, or FLASHTILE_GLUON_BWD_EXP_POLY where not auto."""
@@ -334,19 +355,22 @@ def fused_exp_poly(head_dim: int) -> int:
 
 
 def dq_sum_swizzle() -> int:
-    """DQ_SUM_SWIZZLE, or FLASHTILE_GLUON_DQ_SWIZZLE where set."""
-    value = os.environ.get(DQ_SWIZZLE_SWITCH, "").strip()
-    if not value:
+    """DQ_SUM_SWIZZLE, or FLASHTILE_GLUON_DQ_SWIZZLE where set (``auto`` or empty: the former)."""
+    value = os.environ.get(DQ_SWIZZLE_SWITCH, "auto").strip().lower() or "auto"
+    if value == "auto":
         return DQ_SUM_SWIZZLE
     if value not in ("0", "32", "64", "128"):
-        raise ValueError(f"{DQ_SWIZZLE_SWITCH}: expected 0, 32, 64 or 128 (bytes), got {value!r}")
+        raise ValueError(f"{DQ_SWIZZLE_SWITCH}: expected auto, 0, 32, 64 or 128 (bytes), got {value!r}")
     return int(value)
 
 
 @functools.lru_cache(maxsize=None)
-def _sum_layout(swizzle: int):
-    """The shared-memory layout of the five-product backward's float32 dQ boxes (its staging
-    buffer's and the TMA reduction's), with ``swizzle`` bytes (dq_sum_swizzle)."""
+def _sum_layout(box: tuple, swizzle: int):
+    """The shared-memory layout of the five-product backward's float32 dQ boxes of ``box``
+    (rows, columns) (its staging buffer's and the TMA reduction's), with ``swizzle`` bytes
+    (dq_sum_swizzle), which a box row must be at least as wide as."""
+    if swizzle > box[1] * 4:
+        raise ValueError(f"a {swizzle}-byte swizzle for float32 rows of {box[1] * 4} bytes: at most the row's width")
     gl = _gluon()[1]
     return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=2)
 
@@ -872,7 +896,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     block_m, block_n, stages = BWD_FUSED[head_dim]
     dq_acc = torch.zeros(batch * heads_q * s_pad, head_dim, dtype=torch.float32, device=q.device)
     box = (block_m, head_dim // 2)
-    dq_acc_desc = _descriptor(dq_acc, box, _sum_layout(dq_sum_swizzle()))
+    dq_acc_desc = _descriptor(dq_acc, box, _sum_layout(box, dq_sum_swizzle()))
     num_n_blocks = cdiv(seqlen_k, block_n)
     group = heads_q // heads_kv
     # Each program streams its group's Q and dO (2-byte inputs) and adds into the dQ sum's rows
@@ -905,7 +929,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, REDUCE_BY_PTX=by_ptx,
         Q_DESCENDING=causal and FUSED_Q_DESCENDING.get(head_dim, False), TAIL_SPLIT=split is not None,
-        EXP_POLY=fused_exp_poly(head_dim), check=check,
+        EXP_POLY=fused_exp_poly(head_dim), HOIST_STATS=fused_hoist_stats(head_dim), check=check,
     )
     if split is not None:
         rows = 64
