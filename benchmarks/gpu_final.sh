@@ -64,6 +64,9 @@
 #   bash benchmarks/gpu_final.sh dq-swizzle  # the fused backward's dQ staging box under the 32-byte swizzle: its
 #                                        # GPU tests, probes/dq_swizzle.py (128/64/32/0 in turn), ncu's excess
 #                                        # shared-memory wavefronts; ~300 s
+#   bash benchmarks/gpu_final.sh grid      # the speed table's grid, flashtile bench beside FA2, cuDNN, Flex; ~210 s
+#   bash benchmarks/gpu_final.sh hoist     # attempt 56 at d64 and 1k (lse2 loaded during S^T): GPU tests with it
+#                                        # forced, probes/hoist_stats.py d64 and d128, 1k-16k; ~200 s
 #   bash benchmarks/gpu_final.sh exp-poly  # the fused backward with part of its exponentials on the FMA units
 #                                        # (FLASHTILE_GLUON_BWD_EXP_POLY): GPU tests, probes/exp_poly.py; ~250 s
 #   bash benchmarks/gpu_final.sh ncu-source  # ncu's per-instruction stalls and bank conflicts of the fused
@@ -363,6 +366,21 @@ case ${1:-tests} in
       -c 1 --section SourceCounters python3 benchmarks/probes/fused_bwd_ncu.py > "$OUT/ncu-swizzle.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-swizzle.log"; grep -v "Warn\|warn" "$OUT/dq-swizzle.log"
     grep -i "excessive\|wavefronts" "$OUT/ncu-swizzle.log"; cat "$OUT/times.txt" ;;
+  grid)
+    # The speed table's grid (docs/performance.md's current table, the README plot): d64, d128,
+    # d256 at 1k, 4k, 16k beside FA2, cuDNN and FlexAttention; ~210 s.
+    step timeout 400 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k 4k 16k \
+      --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    cat "$OUT/gpu.txt"; grep -v "Warn" "$OUT/bench.log" | tail -60; cat "$OUT/times.txt" ;;
+  hoist)
+    # Attempt 56 where it was not timed: each step's lse2 row loaded during its S^T product at d64
+    # (it spills there: 48 -> 128 bytes of stack) and at 1k, beside d128; the fused GPU tests with
+    # it forced at every head dim first; ~200 s.
+    FLASHTILE_GLUON_BWD_HOIST_STATS=1 gluon_tests tests-hoist.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu \
+      -k "$FUSED_SELECTION or lse_row"
+    step timeout 200 python3 benchmarks/probes/hoist_stats.py --headdims 64 128 --seqlens 1024 4096 16384 --rounds 5 \
+      > "$OUT/hoist-stats.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-hoist.log"; grep -v "Warn\|warn" "$OUT/hoist-stats.log"; cat "$OUT/times.txt" ;;
   exp-poly)
     # Part of the fused backward's exponentials on the FMA units (kernels/exp2_split.py): its GPU
     # tests and the fused selection with 1 of 4 forced, then probes/exp_poly.py (0, 1, 2 in turn); ~250 s.
