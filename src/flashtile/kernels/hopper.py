@@ -327,7 +327,8 @@ EXP_POLY_SWITCH = "FLASHTILE_GLUON_BWD_EXP_POLY"
 # 21's ncu source view put most of the d128 kernel's short-scoreboard stalls (13% of the samples)
 # on the FFMA and FADD waiting for the lse2 and Delta loads from shared memory. The row then holds
 # 16 registers a thread across the wait at d128 (stack 8 -> 16 bytes, Triton 3.6), 32 at d64
-# (48 -> 128 bytes). On the H200 (session 21, probes/hoist_stats.py, kernels alone, medians of 5
+# (48 -> 128 bytes); under Triton 3.9 the non-causal d128 build goes from 80 to 104 bytes (the
+# causal one keeps none), not timed there. On the H200 (session 21, probes/hoist_stats.py, kernels alone, medians of 5
 # rounds) d128 ran 1.023-1.034x without it at 4k and 16k, causal and not: on at d128; d64 (its
 # spills) not timed. FLASHTILE_GLUON_BWD_HOIST_STATS (auto, 0, 1) sets it for every head dim.
 FUSED_HOIST_STATS = {64: False, 128: True}
