@@ -71,6 +71,7 @@
 #                                        # (FLASHTILE_GLUON_BWD_EXP_POLY): GPU tests, probes/exp_poly.py; ~250 s
 #   bash benchmarks/gpu_final.sh ncu-source  # ncu's per-instruction stalls and bank conflicts of the fused
 #                                        # backward (non-causal, causal), summarised; ~60 s
+#   bash benchmarks/gpu_final.sh ncu-fwd   # the same source view of the d64 Gluon forward (HEADDIM=...); ~60 s
 #   bash benchmarks/gpu_final.sh loops   # block-mask loops (attempt 22: runs of full tiles): masks.py (Flex
 #                                        # included), mask_tiles.py ranges (as built / run loop / tile by
 #                                        # tile); the decode append kernel (attempt 23): launch_overhead.py's
@@ -398,6 +399,16 @@ case ${1:-tests} in
     /usr/local/cuda/bin/ncu -i "$OUT/fused.ncu-rep" --page source --csv --print-source sass > "$OUT/source.csv"
     python3 benchmarks/probes/ncu_source_summary.py "$OUT/source.csv" > "$OUT/source-summary.log" 2>&1
     gzip "$OUT/source.csv"; rm -f "$OUT/fused.ncu-rep"
+    cat "$OUT/source-summary.log"; cat "$OUT/times.txt" ;;
+  ncu-fwd)
+    # The same source view of the d64 Gluon forward, non-causal and causal at 16k (HEADDIM to
+    # change it), summarised by probes/ncu_source_summary.py; ~60 s.
+    step timeout 300 /usr/local/cuda/bin/ncu --target-processes all -k regex:_fwd_pingpong -c 2 --section SourceCounters \
+      --section WarpStateStats --section InstructionStats -o "$OUT/fwd" python3 benchmarks/probes/fwd_ncu.py \
+      --headdim "${HEADDIM:-64}" > "$OUT/ncu.log" 2>&1
+    /usr/local/cuda/bin/ncu -i "$OUT/fwd.ncu-rep" --page source --csv --print-source sass > "$OUT/source.csv"
+    python3 benchmarks/probes/ncu_source_summary.py "$OUT/source.csv" > "$OUT/source-summary.log" 2>&1
+    gzip "$OUT/source.csv"; rm -f "$OUT/fwd.ncu-rep"
     cat "$OUT/source-summary.log"; cat "$OUT/times.txt" ;;
   targets)
     # Session 20's single runs read these four cells at 0.98-1.02x cuDNN: at parity, one run's

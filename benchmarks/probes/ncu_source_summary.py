@@ -7,7 +7,8 @@
 
 The CSV holds one table per profiled kernel (SASS address, instruction, stall samples by reason,
 instructions executed, shared-memory wavefronts and their ideal). For the first two kernels
-(fused_bwd_ncu.py profiles the non-causal, then the causal five-product backward) this prints:
+(fused_bwd_ncu.py profiles the non-causal, then the causal five-product backward; fwd_ncu.py the
+same two forwards) this prints:
 
 - the stall samples by reason, side by side, and their ratio;
 - the samples and executed count by opcode: a ratio of samples above the ratio of instructions
