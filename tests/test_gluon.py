@@ -1056,9 +1056,11 @@ def test_gpu_fused_backward_with_its_lse_row_loaded_early_matches_the_oracle(fus
 
 
 def test_the_hoist_switch_names_what_it_takes_and_auto_follows_the_table(monkeypatch):
-    monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "yes")
-    with pytest.raises(ValueError, match="FLASHTILE_GLUON_BWD_HOIST_STATS: expected auto, 0 or 1, got 'yes'"):
+    monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "2")
+    with pytest.raises(ValueError, match="FLASHTILE_GLUON_BWD_HOIST_STATS: expected one of auto, 1, 0, got '2'"):
         hopper.fused_hoist_stats(128)
+    monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "off")  # the words the other on/off switches take
+    assert not hopper.fused_hoist_stats(128)
     monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "0")
     assert not hopper.fused_hoist_stats(128)
     monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "1")

@@ -83,6 +83,17 @@ def setting(backward: bool = False, name: str | None = None) -> str:
     return value
 
 
+def choice(name: str, allowed: tuple[str, ...], what: str = "") -> str:
+    """The switch ``name`` that takes auto (also unset or empty) or one of ``allowed``; ``what``
+    (e.g. "bytes") goes in the error's list."""
+    raw = os.environ.get(name, "auto")
+    value = raw.strip().lower() or "auto"
+    if value != "auto" and value not in allowed:
+        listed = f"auto, {', '.join(allowed[:-1])} or {allowed[-1]}{f' ({what})' if what else ''}"
+        raise ValueError(f"{name}: expected {listed}, got {raw!r}")
+    return value
+
+
 # The head dims the kernels are built for; a call of another head dim up to 256 runs the
 # smallest that holds it, its extra columns zero: TMA fills the columns past the tensor's last
 # dim with zeros on a load (so Q Kᵀ, P V and the gradients' products are exact) and leaves them
@@ -337,32 +348,20 @@ HOIST_STATS_SWITCH = "FLASHTILE_GLUON_BWD_HOIST_STATS"
 
 def fused_hoist_stats(head_dim: int) -> bool:
     """FUSED_HOIST_STATS's entry for ``head_dim``, or FLASHTILE_GLUON_BWD_HOIST_STATS where not auto."""
-    value = os.environ.get(HOIST_STATS_SWITCH, "auto").strip().lower() or "auto"
-    if value == "auto":
-        return FUSED_HOIST_STATS.get(head_dim, False)
-    if value not in ("0", "1"):
-        raise ValueError(f"{HOIST_STATS_SWITCH}: expected auto, 0 or 1, got {value!r}")
-    return value == "1"
+    value = setting(name=HOIST_STATS_SWITCH)
+    return FUSED_HOIST_STATS.get(head_dim, False) if value == "auto" else value == "1"
 
 
 def fused_exp_poly(head_dim: int) -> int:
     """FUSED_EXP_POLY's entry for ``head_dim``, or FLASHTILE_GLUON_BWD_EXP_POLY where not auto."""
-    value = os.environ.get(EXP_POLY_SWITCH, "auto").strip().lower() or "auto"
-    if value == "auto":
-        return FUSED_EXP_POLY.get(head_dim, 0)
-    if value not in ("0", "1", "2"):
-        raise ValueError(f"{EXP_POLY_SWITCH}: expected auto, 0, 1 or 2 (of every 4 exponentials), got {value!r}")
-    return int(value)
+    value = choice(EXP_POLY_SWITCH, ("0", "1", "2"), "of every 4 exponentials")
+    return FUSED_EXP_POLY.get(head_dim, 0) if value == "auto" else int(value)
 
 
 def dq_sum_swizzle() -> int:
     """DQ_SUM_SWIZZLE, or FLASHTILE_GLUON_DQ_SWIZZLE where set (``auto`` or empty: the former)."""
-    value = os.environ.get(DQ_SWIZZLE_SWITCH, "auto").strip().lower() or "auto"
-    if value == "auto":
-        return DQ_SUM_SWIZZLE
-    if value not in ("0", "32", "64", "128"):
-        raise ValueError(f"{DQ_SWIZZLE_SWITCH}: expected auto, 0, 32, 64 or 128 (bytes), got {value!r}")
-    return int(value)
+    value = choice(DQ_SWIZZLE_SWITCH, ("0", "32", "64", "128"), "bytes")
+    return DQ_SUM_SWIZZLE if value == "auto" else int(value)
 
 
 @functools.lru_cache(maxsize=None)
@@ -546,11 +545,7 @@ FORWARD_THREE_CONSUMER_TILES = (64, 3)
 def forward_consumers(head_dim: int) -> int:
     """The consumer warpgroups of the dense Gluon forward at kernel head dim ``head_dim``
     (``FLASHTILE_GLUON_FWD_CONSUMERS``)."""
-    value = os.environ.get(FORWARD_CONSUMERS_SWITCH, "auto").strip().lower() or "auto"
-    if value not in ("auto", "2", "3"):
-        raise ValueError(f"{FORWARD_CONSUMERS_SWITCH}: expected auto, 2 or 3, got "
-                         f"{os.environ[FORWARD_CONSUMERS_SWITCH]!r}")
-    return 3 if value == "3" and head_dim == 64 else 2
+    return 3 if choice(FORWARD_CONSUMERS_SWITCH, ("2", "3")) == "3" and head_dim == 64 else 2
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, softmax_scale: float,
