@@ -35,7 +35,6 @@ import argparse
 import heapq
 import math
 import os
-import statistics
 import sys
 
 import torch
@@ -43,7 +42,7 @@ import torch
 from flashtile.kernels import hopper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fused_program_cost import backward_ms, fit  # noqa: E402
+from fused_program_cost import fit, full_cases, grid_of, median_us  # noqa: E402
 
 
 def causal_programs(rows: int, seqlen: int, head_dim: int, block_m: int, block_n: int) -> list:
@@ -82,20 +81,15 @@ def main():
     heads = 2048 // args.headdim
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
-    full_cases = [(16384 // sq, sq, keys, False) for keys in (8192, 16384) for sq in (1024, 2048, 4096, 8192, 16384)]
+    full = full_cases((8192, 16384))
     causal_cases = [(16384 // n, n, n, True) for n in (2048, 4096, 8192, 16384)]
-    times = {case: [] for case in full_cases + causal_cases}
-    for _ in range(args.rounds):
-        for batch, seqlen_q, keys, causal in times:
-            times[batch, seqlen_q, keys, causal].append(backward_ms(batch, heads, seqlen_q, keys, args.headdim, causal))
-    us = {case: statistics.median(t) * 1e3 for case, t in times.items()}
+    us = median_us(full + causal_cases, heads, args.headdim, args.rounds)
 
-    rows = [(math.ceil(b * heads * math.ceil(sk / block_n) / sms), math.ceil(sq / block_m), us[b, sq, sk, c])
-            for b, sq, sk, c in full_cases]
+    rows = [(*grid_of(b, heads, sq, sk, block_m, block_n, sms)[1:], us[b, sq, sk, c]) for b, sq, sk, c in full]
     c_full, t_full, passes = fit(rows)
     print(f"d{args.headdim}, {sms} SMs, (BLOCK_M, BLOCK_N) = ({block_m}, {block_n})")
     print("non-causal µs (B x Sq x Sk):",
-          "  ".join(f"{b}x{sq}x{sk} {us[b, sq, sk, c]:.0f}" for b, sq, sk, c in full_cases))
+          "  ".join(f"{b}x{sq}x{sk} {us[b, sq, sk, c]:.0f}" for b, sq, sk, c in full))
     print(f"non-causal fit: a step {t_full:.3f} µs, a program {c_full:.2f} µs = {c_full / t_full:.1f} steps, "
           f"passes {passes:.0f} µs")
 

@@ -48,6 +48,31 @@ def backward_ms(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: 
     return graph_ms(lambda: hopper.backward(q, k, v, out, dout, lse, None, scale, causal, dq, dk, dv))
 
 
+QUERY_LENGTHS = (1024, 2048, 4096, 8192, 16384)  # Sq of the non-causal cases, B = 16k / Sq
+
+
+def full_cases(keys) -> list:
+    """The non-causal cases (B, Sq, Sk, causal=False): B·Sq = 16k queries against each Sk of ``keys``."""
+    return [(16384 // sq, sq, sk, False) for sk in keys for sq in QUERY_LENGTHS]
+
+
+def median_us(cases, heads: int, head_dim: int, rounds: int) -> dict:
+    """{case: median µs of backward_ms} over ``rounds`` rounds, every case (B, Sq, Sk, causal) in
+    turn each round."""
+    times = {case: [] for case in cases}
+    for _ in range(rounds):
+        for batch, seqlen_q, seqlen_k, causal in cases:
+            times[batch, seqlen_q, seqlen_k, causal].append(backward_ms(batch, heads, seqlen_q, seqlen_k, head_dim,
+                                                                        causal))
+    return {case: statistics.median(t) * 1e3 for case, t in times.items()}
+
+
+def grid_of(batch: int, heads: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, sms: int) -> tuple:
+    """(programs, waves, steps a program) of a non-causal fused grid."""
+    programs = batch * heads * math.ceil(seqlen_k / block_n)
+    return programs, math.ceil(programs / sms), math.ceil(seqlen_q / block_m)
+
+
 def fit(rows):
     """Least squares of time = waves·c + waves·steps·t + passes over rows (waves, steps, µs):
     (c, t, passes)."""
@@ -69,22 +94,17 @@ def main():
     heads = 2048 // args.headdim
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
-    cases = [(16384 // sq, sq, keys) for keys in args.keys for sq in (1024, 2048, 4096, 8192, 16384)]
-    times = {case: [] for case in cases}
-    for _ in range(args.rounds):
-        for batch, seqlen_q, keys in cases:
-            times[batch, seqlen_q, keys].append(backward_ms(batch, heads, seqlen_q, keys, args.headdim))
+    cases = full_cases(args.keys)
+    us = median_us(cases, heads, args.headdim, args.rounds)
     rows = []
     print(f"d{args.headdim}, non-causal, {sms} SMs; (BLOCK_M, BLOCK_N) = ({block_m}, {block_n})")
     print("   B     Sq     Sk  programs  waves  steps      ms  µs/(wave·step)")
-    for batch, seqlen_q, keys in cases:
-        programs = batch * heads * math.ceil(keys / block_n)
-        waves = math.ceil(programs / sms)
-        steps = math.ceil(seqlen_q / block_m)
-        ms = statistics.median(times[batch, seqlen_q, keys])
-        rows.append((waves, steps, ms * 1e3))
-        per_step = ms * 1e3 / (waves * steps)
-        print(f"{batch:4d} {seqlen_q:6d} {keys:6d} {programs:9d} {waves:6d} {steps:6d} {ms:7.3f} {per_step:9.3f}")
+    for case in cases:
+        batch, seqlen_q, keys, _ = case
+        programs, waves, steps = grid_of(batch, heads, seqlen_q, keys, block_m, block_n, sms)
+        rows.append((waves, steps, us[case]))
+        print(f"{batch:4d} {seqlen_q:6d} {keys:6d} {programs:9d} {waves:6d} {steps:6d} {us[case] / 1e3:7.3f} "
+              f"{us[case] / (waves * steps):9.3f}")
     c, t, passes = fit(rows)
     print(f"fit: a step {t:.3f} µs, a program's fixed cost {c:.2f} µs = {c / t:.1f} steps, "
           f"the bandwidth passes {passes:.0f} µs")
