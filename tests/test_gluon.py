@@ -1004,51 +1004,28 @@ def test_gpu_fused_backward_visits_causal_q_tiles_in_either_order(fused_backward
     assert len(fused_backward_calls) == 3
 
 
-@pytest.mark.gpu
-@pytest.mark.timeout(300)
-@NEEDS_FUSED
-@pytest.mark.parametrize("swizzle", ["0", "32", "64"])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_gpu_fused_backward_under_each_dq_swizzle_matches_the_oracle(fused_backward_calls, monkeypatch, head_dim,
-                                                                      swizzle):
-    # FLASHTILE_GLUON_DQ_SWIZZLE: the dQ staging box's other swizzles (measured slower than
-    # hopper.DQ_SUM_SWIZZLE, kept for re-timing). Under 32 at d128 the box goes out in 8 parts,
-    # 2 reduction instructions a warpgroup (tma_reduce_ptx.check takes them). Causal and not,
-    # GQA 6:2, q longer and shorter than k, against the float64 oracle.
-    monkeypatch.setenv(hopper.DQ_SWIZZLE_SWITCH, swizzle)
-    check_case(2, 700, 777, 6, 2, head_dim, torch.bfloat16)
-    check_case(1, 900, 333, 6, 2, head_dim, torch.bfloat16, causal=True, layout="bhsd")
-    assert len(fused_backward_calls) == 2
+# The fused kernel's switches and the settings `auto` does not take everywhere: the dQ staging
+# box's other swizzles (measured slower than hopper.DQ_SUM_SWIZZLE; under 32 at d128 the box goes
+# out in 8 parts, 2 reduction instructions a warpgroup, which tma_reduce_ptx.check takes), 1 or 2
+# of every 4 exponentials by exp2_split's polynomial (masked scores are -inf and must give exactly
+# 0), and the lse2 row loaded before the Sᵀ wait or after it (auto: before at d128 only).
+FUSED_SWITCH_SETTINGS = [(hopper.DQ_SWIZZLE_SWITCH, value) for value in ("0", "32", "64")] + [
+    (hopper.EXP_POLY_SWITCH, value) for value in ("1", "2")] + [
+    (hopper.HOIST_STATS_SWITCH, value) for value in ("0", "1")]
 
 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @NEEDS_FUSED
-@pytest.mark.parametrize("poly", ["1", "2"])
+@pytest.mark.parametrize("switch, value", FUSED_SWITCH_SETTINGS,
+                         ids=[f"{switch.removeprefix('FLASHTILE_GLUON_')}={value}"
+                              for switch, value in FUSED_SWITCH_SETTINGS])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_gpu_fused_backward_with_polynomial_exponentials_matches_the_oracle(fused_backward_calls, monkeypatch,
-                                                                            head_dim, poly):
-    # FLASHTILE_GLUON_BWD_EXP_POLY: 1 or 2 of every 4 of Pᵀ's exponentials by exp2_split's
-    # polynomial. Causal tiles (masked scores: -inf, which must give exactly 0), rows past the end
-    # (lse2 = +inf), GQA 6:2, q longer and shorter than k, fp16 (the finer rounding of Pᵀ) too,
-    # against the float64 oracle.
-    monkeypatch.setenv(hopper.EXP_POLY_SWITCH, poly)
-    check_case(2, 700, 777, 6, 2, head_dim, torch.bfloat16)
-    check_case(1, 900, 333, 6, 2, head_dim, torch.bfloat16, causal=True, layout="bhsd")
-    check_case(1, 203, 203, 2, 1, head_dim, torch.float16, causal=True)
-    assert len(fused_backward_calls) == 3
-
-
-@pytest.mark.gpu
-@pytest.mark.timeout(300)
-@NEEDS_FUSED
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_gpu_fused_backward_with_its_lse_row_loaded_early_matches_the_oracle(fused_backward_calls, monkeypatch,
-                                                                             head_dim):
-    # FLASHTILE_GLUON_BWD_HOIST_STATS=1: each step's lse2 row loaded before the Sᵀ product is
-    # waited for. Causal and not, rows past the end (lse2 = +inf), GQA 6:2, q longer and shorter
-    # than k, fp16 too, against the float64 oracle.
-    monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "1")
+def test_gpu_fused_backward_under_each_switch_setting_matches_the_oracle(fused_backward_calls, monkeypatch, head_dim,
+                                                                         switch, value):
+    # Causal and not, rows past the end (lse2 = +inf), GQA 6:2, q longer and shorter than k,
+    # fp16 (the finer rounding of Pᵀ) too, against the float64 oracle.
+    monkeypatch.setenv(switch, value)
     check_case(2, 700, 777, 6, 2, head_dim, torch.bfloat16)
     check_case(1, 900, 333, 6, 2, head_dim, torch.bfloat16, causal=True, layout="bhsd")
     check_case(1, 203, 203, 2, 1, head_dim, torch.float16, causal=True)
