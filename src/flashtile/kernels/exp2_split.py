@@ -84,12 +84,9 @@ def exp2_split(x, POLY_OF_4: gl.constexpr):
     gl.static_assert(POLY_OF_4 == 0 or POLY_OF_4 == 1 or POLY_OF_4 == 2, "POLY_OF_4: 0, 1 or 2")
     if POLY_OF_4 == 0:
         result = gl.exp2(x)
-    elif POLY_OF_4 == 1:
-        result = gl.inline_asm_elementwise(_PTX_1, "=r,=r,=r,=r,r,r,r,r", [x], dtype=gl.float32, is_pure=True,
-                                           pack=4)
     else:
-        result = gl.inline_asm_elementwise(_PTX_2, "=r,=r,=r,=r,r,r,r,r", [x], dtype=gl.float32, is_pure=True,
-                                           pack=4)
+        text: gl.constexpr = _PTX_1 if POLY_OF_4 == 1 else _PTX_2
+        result = gl.inline_asm_elementwise(text, "=r,=r,=r,=r,r,r,r,r", [x], dtype=gl.float32, is_pure=True, pack=4)
     return result
 
 
