@@ -875,8 +875,8 @@ def _takes_tail_split(q: torch.Tensor, causal: bool, programs: int, steps: int) 
     """The tail split of a fused backward's grid (tail_split), where FLASHTILE_GLUON_BWD_TAIL
     allows: non-causal only (a causal grid's programs are of unequal length and run heaviest
     first, which already leaves no empty wave)."""
-    choice = setting(name=TAIL_SWITCH)
-    if causal or choice == "0" or (choice == "auto" and not TAIL_UNDER_AUTO):
+    value = setting(name=TAIL_SWITCH)
+    if causal or value == "0" or (value == "auto" and not TAIL_UNDER_AUTO):
         return None
     return tail_split(programs, sm_count(q.device), steps)
 
