@@ -850,8 +850,10 @@ def _captured(step):
 def test_gpu_forward_and_backward_replay_from_a_cuda_graph(monkeypatch, head_dim):
     # A training step captured once and replayed with new inputs copied in (what
     # torch.compile's "reduce-overhead" and hand-written graphs do): each replay must equal the
-    # eager step bit for bit. On sm_90 the default forward and backward are Gluon in all three
-    # cases.
+    # eager step bit for bit, except dQ where the five-product backward ran (d64 here, as by
+    # default), which adds its tiles' parts in the order they finish: there it must be within the
+    # oracle's tolerance (session 22 saw one replay's dQ differ in its last bits). On sm_90 the
+    # default forward and backward are Gluon in all three cases.
     monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
     seqlen = 4100 if head_dim == 64 else 777
@@ -862,7 +864,11 @@ def test_gpu_forward_and_backward_replay_from_a_cuda_graph(monkeypatch, head_dim
         out = flashtile.attention(*leaves, causal=True)
         return (out, *torch.autograd.grad(out, leaves, dout))
 
+    taken = []  # whether each backward ran the five-product kernel
+    takes_fused = hopper._takes_fused
+    monkeypatch.setattr(hopper, "_takes_fused", lambda *args: taken.append(takes_fused(*args)) or taken[-1])
     graph, captured = _captured(step)
+    fused = any(taken)
     for _ in range(2):
         for buffer in (*leaves, dout):
             buffer.detach().copy_(torch.randn_like(buffer))
@@ -870,7 +876,13 @@ def test_gpu_forward_and_backward_replay_from_a_cuda_graph(monkeypatch, head_dim
         eager = step()
         torch.cuda.synchronize()
         for name, got, want in zip(("out", "dq", "dk", "dv"), captured, eager):
-            assert torch.equal(got, want), name
+            if name == "dq" and fused:
+                expected, plain = (torch.autograd.grad(
+                    flashtile.naive_attention(*leaves, causal=True, upcast=upcast), leaves[0], dout)[0]
+                    for upcast in (True, False))
+                assert_close_to_oracle(name, got, expected, plain, grad=True)
+            else:
+                assert torch.equal(got, want), name
     assert hopper._FAILED == set(), "a Gluon kernel failed to build and fell back to Triton"
 
 
