@@ -67,8 +67,6 @@
 #   bash benchmarks/gpu_final.sh grid      # the speed table's grid, flashtile bench beside FA2, cuDNN, Flex; ~210 s
 #   bash benchmarks/gpu_final.sh hoist     # attempt 56 at d64 and 1k (lse2 loaded during S^T): GPU tests with it
 #                                        # forced, probes/hoist_stats.py d64 and d128, 1k-16k; ~200 s
-#   bash benchmarks/gpu_final.sh row-tree  # the forward's row max and sum as trees (FLASHTILE_GLUON_FWD_ROW_TREE):
-#                                        # GPU tests under both settings, probes/row_tree.py; ~250 s
 #   bash benchmarks/gpu_final.sh exp-poly  # the fused backward with part of its exponentials on the FMA units
 #                                        # (FLASHTILE_GLUON_BWD_EXP_POLY): GPU tests, probes/exp_poly.py; ~250 s
 #   bash benchmarks/gpu_final.sh ncu-source  # ncu's per-instruction stalls and bank conflicts of the fused
@@ -384,16 +382,6 @@ case ${1:-tests} in
     step timeout 200 python3 benchmarks/probes/hoist_stats.py --headdims 64 128 --seqlens 1024 4096 16384 --rounds 5 \
       > "$OUT/hoist-stats.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-hoist.log"; grep -v "Warn\|warn" "$OUT/hoist-stats.log"; cat "$OUT/times.txt" ;;
-  row-tree)
-    # Each row's max and sum of the forward's score tiles as trees (FLASHTILE_GLUON_FWD_ROW_TREE):
-    # the forward's GPU tests under both settings, then probes/row_tree.py (0 against 1); ~250 s.
-    gluon_tests tests-row-tree.log "${TEST_LIMIT:-150}" 100 tests/test_gluon.py -m gpu \
-      -k "row_tree or forward_grid or replay or by_default or leaves"
-    FLASHTILE_GLUON_FWD_ROW_TREE=1 gluon_tests tests-row-tree-on.log "${TEST_LIMIT:-100}" 100 tests/test_gluon.py \
-      -m gpu -k "replay or by_default or leaves or forward_on_three"
-    step timeout 240 python3 benchmarks/probes/row_tree.py --rounds "${ROUNDS:-5}" > "$OUT/row-tree.log" 2>&1
-    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-row-tree.log" "$OUT/tests-row-tree-on.log"
-    grep -v "Warn\|warn" "$OUT/row-tree.log"; cat "$OUT/times.txt" ;;
   exp-poly)
     # Part of the fused backward's exponentials on the FMA units (kernels/exp2_split.py): its GPU
     # tests and the fused selection with 1 of 4 forced, then probes/exp_poly.py (0, 1, 2 in turn); ~250 s.

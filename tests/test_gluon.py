@@ -768,44 +768,6 @@ def test_gpu_gluon_forward_on_three_consumers(gluon_calls, monkeypatch, dtype, h
     assert 3 in chosen and set(chosen) <= {3}, f"the forward chose {chosen} consumer warpgroups"
 
 
-# FLASHTILE_GLUON_FWD_ROW_TREE=1 (and 0): each row's max and sum of a score tile folded as trees
-# (gluon_common.row_max / row_sum), over the grid's bf16 cases and its fp16 odd lengths.
-GRID_TREE = [case for case in GRID if case[0] == torch.bfloat16 or case[2] in ((17, 17), (113, 203))]
-
-
-@pytest.mark.gpu
-@pytest.mark.timeout(300)
-@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
-@pytest.mark.parametrize("value", ["1", "0"])
-@pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID_TREE, ids=[_case_id(case) for case in GRID_TREE])
-def test_gpu_gluon_forward_under_each_row_tree_setting(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal,
-                                                      value):
-    monkeypatch.setenv(hopper.ROW_TREE_SWITCH, value)
-    chosen = []  # what hopper.forward chose, so that a silent fallback to the other fails
-    choose = hopper.forward_row_tree
-    monkeypatch.setattr(hopper, "forward_row_tree", lambda head_dim: chosen.append(choose(head_dim)) or chosen[-1])
-    sq, sk = seqlens
-    index = GRID_TREE.index((dtype, headdim, seqlens, causal))
-    heads_q, heads_kv = [(8, 1), (8, 2), (4, 4)][index % 3]
-    layout = ["bshd", "bhsd"][(index // 3) % 2]
-    check_case(2 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q, heads_kv, headdim, dtype, causal=causal,
-               layout=layout, bhsd_as_view=index % 4 < 2)
-    assert gluon_calls, "the call did not take the Gluon forward"
-    assert chosen and set(chosen) == {value == "1"}, f"the forward chose row trees {chosen}"
-
-
-def test_the_row_tree_switch_names_what_it_takes_and_auto_follows_the_table(monkeypatch):
-    monkeypatch.setenv(hopper.ROW_TREE_SWITCH, "2")
-    with pytest.raises(ValueError, match="FLASHTILE_GLUON_FWD_ROW_TREE: expected one of auto, 1, 0, got '2'"):
-        hopper.forward_row_tree(64)
-    monkeypatch.setenv(hopper.ROW_TREE_SWITCH, "on")
-    assert all(hopper.forward_row_tree(d) for d in (64, 128, 256))
-    monkeypatch.setenv(hopper.ROW_TREE_SWITCH, "0")
-    assert not any(hopper.forward_row_tree(d) for d in (64, 128, 256))
-    monkeypatch.delenv(hopper.ROW_TREE_SWITCH)
-    assert [hopper.forward_row_tree(d) for d in (64, 128, 256)] == [hopper.FORWARD_ROW_TREE[d] for d in (64, 128, 256)]
-
-
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")

@@ -179,17 +179,6 @@ def gluon_variants(quick: bool):
         yield (f"gluon fwd d={d} {'causal' if causal else 'full'} {dtype} s{stages}", gluon_fwd._fwd_pingpong_kernel,
                dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal, DTYPE=dtype,
                     Q_ROWS=64, KV_ROWS=block_n, **regs), 4)
-    # The rows' max and sum as trees (ROW_TREE, FLASHTILE_GLUON_FWD_ROW_TREE); none in a tree from
-    # before them.
-    tree_cases = [] if not hasattr(hopper, "FORWARD_ROW_TREE") else [(128, True, "bf16", 2)] if quick else [
-        (64, False, "bf16", 2), (64, True, "bf16", 2), (128, False, "bf16", 2), (128, True, "bf16", 3),
-        (256, True, "bf16", 2)]
-    for d, causal, dtype, stages in tree_cases:
-        block_n = 64 if d > 128 else 128
-        yield (f"gluon fwd tree d={d} {'causal' if causal else 'full'} {dtype} s{stages}",
-               gluon_fwd._fwd_pingpong_kernel,
-               dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal, DTYPE=dtype,
-                    Q_ROWS=64, KV_ROWS=block_n, ROW_TREE=True, **regs), 4)
     # Three consumer warpgroups of 64 rows at d64 (FLASHTILE_GLUON_FWD_CONSUMERS=3): 192-row tiles
     # (none in a tree from before them, which sass_compare.py may be dumping).
     block_n, stages = getattr(hopper, "FORWARD_THREE_CONSUMER_TILES", (None, None))

@@ -48,46 +48,6 @@ def accumulator_layout(num_warps, columns):
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, columns, 16])
 
 
-# wgmma's accumulator layout gives each row's columns to 4 threads (a quad), each holding 2
-# adjacent columns out of every 8. gl.max / gl.sum over a row fold a thread's own columns one
-# after another, a chain of dependent instructions as long as the row's share (32 at 128 keys,
-# ~4 clocks each) before the quad's two shuffles; these fold pairs of a thread's columns
-# instead, log2 of that deep: first adjacent columns (c, c + 1), then halves (c, c + width/2),
-# until each thread holds one column of its quad's 4. Both pairings stay inside a thread's
-# registers, so the reshapes, permutes and splits move no data (Gluon would refuse a split
-# whose pair crossed threads).
-QUAD_COLUMNS = gl.constexpr(4)
-
-
-@gluon.jit
-def _fold_columns(x, MAX: gl.constexpr):
-    """x (rows, columns) folded to (rows, 4) by gl.maximum (MAX) or addition of column pairs."""
-    ROWS: gl.constexpr = x.shape[0]
-    a, b = gl.split(x.reshape([ROWS, x.shape[1] // 2, 2]))
-    x = gl.maximum(a, b) if MAX else a + b
-    for _ in gl.static_range(8):  # (a bound, not a count: halves while wider than a quad)
-        if x.shape[1] > QUAD_COLUMNS:
-            a, b = gl.split(x.reshape([ROWS, 2, x.shape[1] // 2]).permute((0, 2, 1)))
-            x = gl.maximum(a, b) if MAX else a + b
-    return x
-
-
-@gluon.jit
-def row_max(x):
-    """gl.max(x, axis=1) of a wgmma accumulator x (rows, columns), as a tree of pairwise
-    maxima; in gl.max's layout, SliceLayout(1, x's)."""
-    rows: gl.constexpr = gl.SliceLayout(1, x.type.layout)
-    return gl.convert_layout(gl.max(_fold_columns(x, True), axis=1), rows, assert_trivial=True)
-
-
-@gluon.jit
-def row_sum(x):
-    """gl.sum(x, axis=1) of a wgmma accumulator x (rows, columns) as a tree of pairwise sums
-    (another order of the same additions); in gl.sum's layout."""
-    rows: gl.constexpr = gl.SliceLayout(1, x.type.layout)
-    return gl.convert_layout(gl.sum(_fold_columns(x, False), axis=1), rows, assert_trivial=True)
-
-
 @gluon.jit
 def stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, tiles=None):

@@ -39,8 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 
 from .gluon_common import (accumulator_layout, hide_scores, kv_ring_barriers, kv_ring_buffers,
-                           listed_q_tile_of_program, q_tile_of_program, row_max, row_sum, stream_kv_tiles, tma_load,
-                           tma_store)
+                           listed_q_tile_of_program, q_tile_of_program, stream_kv_tiles, tma_load, tma_store)
 
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -62,24 +61,22 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_
 
 
 @gluon.jit
-def _softmax_update(s, m_i, l_i, qk_scale, ROW_TREE: gl.constexpr):
+def _softmax_update(s, m_i, l_i, qk_scale):
     """One online-softmax step on the raw scores s (rows × keys, float32, before the softmax
     scale, hidden ones at -inf; qk_scale = softmax_scale · log2(e)).
 
     Returns P (unnormalised, float32), the factor alpha that rescales the running output,
-    and the new running max (log2 units) and sum. ROW_TREE: the rows' max and sum as trees of
-    pairwise steps (gluon_common.row_max) instead of one chain per thread.
+    and the new running max (log2 units) and sum.
     """
     # The scale is applied to the row maxima (exactly max(s · qk_scale): qk_scale > 0) and
     # folded into the exponent's argument, s · qk_scale − m, which is one FFMA per score
     # instead of a multiply and a subtraction, as FlashAttention-3 does.
-    s_max = row_max(s) if ROW_TREE else gl.max(s, axis=1)
-    m_new = gl.maximum(m_i, s_max * qk_scale)
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     # A row that has seen no key yet keeps m = -inf; exp2(-inf - 0) = 0 instead of NaN.
     m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)
     p = gl.exp2(s * qk_scale - m_safe[:, None])
     alpha = gl.exp2(m_i - m_safe)
-    l_new = l_i * alpha + (row_sum(p) if ROW_TREE else gl.sum(p, axis=1))
+    l_new = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_new
 
 
@@ -87,7 +84,7 @@ def _softmax_update(s, m_i, l_i, qk_scale, ROW_TREE: gl.constexpr):
 def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc,
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, mask_buffer,
               HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr, ROW_TREE: gl.constexpr = False):
+              CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr):
     """One warpgroup: rows [q_start + part·PART_M, +PART_M) of the Q tile, every K/V tile (or
     under MASK_MOD the block mask's list: see hide_scores)."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
@@ -116,7 +113,7 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     mbarrier.arrive(k_empty.index(0), count=1)
     s = hide_scores(s, rows, 0, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles, n_masked,
                      batch, head, mask_buffer, MASK_MOD)
-    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, ROW_TREE)
+    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
     for j in range(1, n_tiles):
         slot = j % NUM_STAGES
         previous = (j - 1) % NUM_STAGES
@@ -133,7 +130,7 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
         mbarrier.arrive(k_empty.index(slot), count=1)
         s = hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles, n_masked,
                          batch, head, mask_buffer, MASK_MOD)
-        p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, ROW_TREE)
+        p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
         acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
         mbarrier.arrive(v_empty.index(previous), count=1)
     last = (n_tiles - 1) % NUM_STAGES
@@ -176,7 +173,7 @@ def _fwd_pingpong_kernel(
     num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-    CONSUMERS: gl.constexpr = 2, ROW_TREE: gl.constexpr = False,
+    CONSUMERS: gl.constexpr = 2,
 ):
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
@@ -209,10 +206,10 @@ def _fwd_pingpong_kernel(
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, ROW_TREE)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
             (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, ROW_TREE)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -220,13 +217,13 @@ def _fwd_pingpong_kernel(
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, ROW_TREE)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
             (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, ROW_TREE)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
             (_consumer, (2, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, ROW_TREE)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])

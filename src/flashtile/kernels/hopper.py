@@ -542,21 +542,6 @@ FORWARD_CONSUMER_REGS = {2: 240, 3: 160}
 FORWARD_THREE_CONSUMER_TILES = (64, 3)
 
 
-# Whether the dense Gluon forward takes each row's max and sum of a score tile as trees of
-# pairwise steps (gluon_common.row_max / row_sum) instead of one chain per thread: gl.max
-# folds a thread's 32 columns of a row (128 keys) into one dependent chain of FMNMX, ~4 clocks
-# each, before the exponentials can start (sm_90 SASS, Triton 3.6). FLASHTILE_GLUON_FWD_ROW_TREE
-# (auto, 0, 1) sets it for every head dim.
-FORWARD_ROW_TREE = {64: False, 128: False, 256: False}
-ROW_TREE_SWITCH = "FLASHTILE_GLUON_FWD_ROW_TREE"
-
-
-def forward_row_tree(head_dim: int) -> bool:
-    """FORWARD_ROW_TREE's entry for ``head_dim``, or FLASHTILE_GLUON_FWD_ROW_TREE where not auto."""
-    value = setting(name=ROW_TREE_SWITCH)
-    return FORWARD_ROW_TREE.get(head_dim, False) if value == "auto" else value == "1"
-
-
 def forward_consumers(head_dim: int) -> int:
     """The consumer warpgroups of the dense Gluon forward at kernel head dim ``head_dim``
     (``FLASHTILE_GLUON_FWD_CONSUMERS``)."""
@@ -589,8 +574,6 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     # (CONSUMERS passed only when it is not the kernel's default: the two-consumer launch's
     # arguments, and so its fast_launch key, stay as they were)
     extra = {} if consumers == 2 else {"CONSUMERS": consumers}
-    if forward_row_tree(head_dim):  # (likewise passed only when on)
-        extra["ROW_TREE"] = True
     fast_launch.launch(
         gluon_fwd._fwd_pingpong_kernel, (num_m_blocks * batch * heads_q,),
         _tile_descriptor(q, part_m, head_dim), _tile_descriptor(k, block_n, head_dim),
