@@ -3,7 +3,10 @@
     python benchmarks/probes/host_profile.py [--seqlen 1024] [--headdim 128] [--calls 40] [--docs 16]
 
 d128 bf16, 16 heads, 16k tokens, causal; forward alone (no grad) and forward + backward.
-``--docs D`` masks it instead with a mask_mod (causal and D documents of equal length) and a
+``--calibrate`` first prints the host time per call of flashtile's forward with grad (what
+``flashtile bench`` times) beside SDPA's flash and cuDNN forwards of the same inputs: the
+host machine's speed apart from flashtile's (the 1k causal cells' spread between device
+leases, session 22). ``--docs D`` masks it instead with a mask_mod (causal and D documents of equal length) and a
 block mask of 128 x 128 tiles built once, the path of masks.py's document rows.
 The GPU is kept busy by a sleep kernel queued first, so calls only enqueue and the figures
 are the host's own. Keep calls × launches per call under ~1000: past the driver's queue
@@ -28,12 +31,48 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from masks import causal_documents  # noqa: E402
 
 
+def host_us(fn, calls: int) -> float:
+    """Host microseconds per call of ``fn`` while a sleep kernel keeps the GPU busy (calls only
+    enqueue), the median of 5 rounds."""
+    rounds = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(1e9))
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return sorted(rounds)[2]
+
+
+def calibrate(q, k, v, calls: int) -> None:
+    """Host us per forward call with grad, causal: flashtile.attention, then SDPA's flash and cuDNN
+    backends on the same (B, H, S, D) views (each backend chosen outside the timed calls)."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    cases = [("flashtile.attention", lambda: flashtile.attention(q, k, v, causal=True), contextlib.nullcontext())]
+    for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION), ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):
+        cases.append((name, lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True),
+                      sdpa_kernel(backend)))
+    for name, fn, backend in cases:
+        with backend:
+            for _ in range(3):
+                fn()
+            print(f"calibrate: {name:22s} host {host_us(fn, calls):7.1f} us per forward call with grad", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqlen", type=int, default=1024)
     parser.add_argument("--headdim", type=int, default=128)
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--docs", type=int, default=0, help="a document mask of this many documents")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="first: host us per forward call with grad, flashtile beside SDPA flash and cuDNN")
     args = parser.parse_args()
     batch, heads = 16384 // args.seqlen, 2048 // args.headdim
     q, k, v = (torch.randn(batch, args.seqlen, heads, args.headdim, device="cuda", dtype=torch.bfloat16,
@@ -52,6 +91,8 @@ def main():
         out = flashtile.attention(q, k, v, **masking)
         torch.autograd.grad(out, (q, k, v), out)
 
+    if args.calibrate:
+        calibrate(q, k, v, args.calls)
     for name, fn in (("forward", forward), ("forward+backward", forward_backward)):
         for _ in range(3):
             fn()
