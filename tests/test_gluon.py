@@ -1020,7 +1020,7 @@ def test_gpu_fused_backward_visits_causal_q_tiles_in_either_order(fused_backward
 # box's other swizzles (measured slower than hopper.DQ_SUM_SWIZZLE; under 32 at d128 the box goes
 # out in 8 parts, 2 reduction instructions a warpgroup, which tma_reduce_ptx.check takes), 1 or 2
 # of every 4 exponentials by exp2_split's polynomial (masked scores are -inf and must give exactly
-# 0), and the lse2 row loaded before the Sᵀ wait or after it (auto: before at d128 only).
+# 0), and the lse2 row loaded before the Sᵀ wait or after it (auto: before at d128 and d64 causal).
 FUSED_SWITCH_SETTINGS = [(hopper.DQ_SWIZZLE_SWITCH, value) for value in ("0", "32", "64")] + [
     (hopper.EXP_POLY_SWITCH, value) for value in ("1", "2")] + [
     (hopper.HOIST_STATS_SWITCH, value) for value in ("0", "1")]
@@ -1047,16 +1047,16 @@ def test_gpu_fused_backward_under_each_switch_setting_matches_the_oracle(fused_b
 def test_the_hoist_switch_names_what_it_takes_and_auto_follows_the_table(monkeypatch):
     monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "2")
     with pytest.raises(ValueError, match="FLASHTILE_GLUON_BWD_HOIST_STATS: expected one of auto, 1, 0, got '2'"):
-        hopper.fused_hoist_stats(128)
+        hopper.fused_hoist_stats(128, False)
     monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "off")  # the words the other on/off switches take
-    assert not hopper.fused_hoist_stats(128)
+    assert not hopper.fused_hoist_stats(128, True)
     monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "0")
-    assert not hopper.fused_hoist_stats(128)
+    assert not hopper.fused_hoist_stats(128, False)
     monkeypatch.setenv(hopper.HOIST_STATS_SWITCH, "1")
-    assert hopper.fused_hoist_stats(64)
+    assert hopper.fused_hoist_stats(64, False)
     monkeypatch.delenv(hopper.HOIST_STATS_SWITCH)
-    assert [hopper.fused_hoist_stats(d) for d in (64, 128)] == [hopper.FUSED_HOIST_STATS[64],
-                                                                   hopper.FUSED_HOIST_STATS[128]]
+    cases = [(d, causal) for d in (64, 128) for causal in (False, True)]
+    assert [hopper.fused_hoist_stats(*case) for case in cases] == [hopper.FUSED_HOIST_STATS[case] for case in cases]
 
 
 def test_the_dq_swizzle_switch_names_what_it_takes(monkeypatch):

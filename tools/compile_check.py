@@ -232,8 +232,15 @@ def gluon_variants(quick: bool):
                hopper._fused_module()._dkdv_dq_kernel,
                dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, REDUCE_BY_PTX=by_ptx,
                     Q_DESCENDING=descending, TAIL_SPLIT=tail, EXP_POLY=poly,
-                    HOIST_STATS=hopper.FUSED_HOIST_STATS.get(d, False), DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2,
+                    HOIST_STATS=_hoist_stats(hopper, d, causal), DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2,
                     **regs), 4)
+
+
+def _hoist_stats(hopper, head_dim: int, causal: bool) -> bool:
+    """FUSED_HOIST_STATS's entry for a fused variant: keyed by head dim alone in trees of session 21,
+    by (head dim, causal) since (sass_compare.py may be dumping either)."""
+    table = hopper.FUSED_HOIST_STATS
+    return table.get((head_dim, causal), table.get(head_dim, False))
 
 
 def listed_variants(gluon_fwd, quick: bool, regs: dict):

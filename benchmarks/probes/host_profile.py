@@ -2,7 +2,8 @@
 
     python benchmarks/probes/host_profile.py [--seqlen 1024] [--headdim 128] [--calls 40] [--docs 16]
 
-d128 bf16, 16 heads, 16k tokens, causal; forward alone (no grad) and forward + backward.
+d128 bf16, 16 heads, 16k tokens, causal; forward alone (no grad), forward with grad (the graph
+recorded, as ``flashtile bench`` times it) and forward + backward.
 ``--calibrate`` first prints the host time per call of flashtile's forward with grad (what
 ``flashtile bench`` times) beside SDPA's flash and cuDNN forwards of the same inputs: the
 host machine's speed apart from flashtile's (the 1k causal cells' spread between device
@@ -87,13 +88,17 @@ def main():
         with torch.no_grad():
             flashtile.attention(q, k, v, **masking)
 
+    def forward_with_grad():  # what flashtile bench's forward cells time
+        flashtile.attention(q, k, v, **masking)
+
     def forward_backward():
         out = flashtile.attention(q, k, v, **masking)
         torch.autograd.grad(out, (q, k, v), out)
 
     if args.calibrate:
         calibrate(q, k, v, args.calls)
-    for name, fn in (("forward", forward), ("forward+backward", forward_backward)):
+    for name, fn in (("forward", forward), ("forward with grad", forward_with_grad),
+                     ("forward+backward", forward_backward)):
         for _ in range(3):
             fn()
         torch.cuda.synchronize()

@@ -334,22 +334,27 @@ FUSED_EXP_POLY = {64: 0, 128: 0}
 EXP_POLY_SWITCH = "FLASHTILE_GLUON_BWD_EXP_POLY"
 
 # Whether the five-product backward's consumers load each step's lse2 row while the step's Sᵀ
-# product runs, instead of after waiting for it (gluon_bwd._dkdv_tile's HOIST_STATS): session
-# 21's ncu source view put most of the d128 kernel's short-scoreboard stalls (13% of the samples)
-# on the FFMA and FADD waiting for the lse2 and Delta loads from shared memory. The row then holds
-# 16 registers a thread across the wait at d128 (stack 8 -> 16 bytes, Triton 3.6), 32 at d64
-# (48 -> 128 bytes); under Triton 3.9 the non-causal d128 build goes from 80 to 104 bytes (the
-# causal one keeps none), not timed there. On the H200 (session 21, probes/hoist_stats.py, kernels alone, medians of 5
-# rounds) d128 ran 1.023-1.034x without it at 4k and 16k, causal and not: on at d128; d64 (its
-# spills) not timed. FLASHTILE_GLUON_BWD_HOIST_STATS (auto, 0, 1) sets it for every head dim.
-FUSED_HOIST_STATS = {64: False, 128: True}
+# product runs, instead of after waiting for it (gluon_bwd._dkdv_tile's HOIST_STATS), by (kernel
+# head dim, causal): session 21's ncu source view put most of the d128 kernel's short-scoreboard
+# stalls (13% of the samples) on the FFMA and FADD waiting for the lse2 and Delta loads from
+# shared memory. The row then holds 16 registers a thread across the wait at d128 (stack 8 -> 16
+# bytes, Triton 3.6), 32 at d64 (48 -> 128 bytes); under Triton 3.9 the non-causal d128 build goes
+# from 80 to 104 bytes (the causal one keeps none), not timed there. On the H200
+# (probes/hoist_stats.py, kernels alone, medians of 5 rounds, against without it):
+#     d128, session 21: 1.027 / 1.024x at 4k (non-causal / causal), 1.023 / 1.034x at 16k;
+#     d128, session 22: 1.028 / 1.019x at 1k, 1.021 / 1.010x at 4k, 1.015 / 1.020x at 16k;
+#     d64, session 22:  0.983 / 1.019x at 1k, 0.983 / 1.028x at 4k, 0.968 / 1.003x at 16k.
+# So on at d128, and at d64 for causal calls only (whose spill costs less than the wait it
+# hides). FLASHTILE_GLUON_BWD_HOIST_STATS (auto, 0, 1) sets it for every call.
+FUSED_HOIST_STATS = {(64, False): False, (64, True): True, (128, False): True, (128, True): True}
 HOIST_STATS_SWITCH = "FLASHTILE_GLUON_BWD_HOIST_STATS"
 
 
-def fused_hoist_stats(head_dim: int) -> bool:
-    """FUSED_HOIST_STATS's entry for ``head_dim``, or FLASHTILE_GLUON_BWD_HOIST_STATS where not auto."""
+def fused_hoist_stats(head_dim: int, causal: bool) -> bool:
+    """FUSED_HOIST_STATS's entry for (``head_dim``, ``causal``), or FLASHTILE_GLUON_BWD_HOIST_STATS
+    where not auto."""
     value = setting(name=HOIST_STATS_SWITCH)
-    return FUSED_HOIST_STATS.get(head_dim, False) if value == "auto" else value == "1"
+    return FUSED_HOIST_STATS.get((head_dim, causal), False) if value == "auto" else value == "1"
 
 
 def fused_exp_poly(head_dim: int) -> int:
@@ -925,7 +930,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, REDUCE_BY_PTX=by_ptx,
         Q_DESCENDING=causal and FUSED_Q_DESCENDING.get(head_dim, False), TAIL_SPLIT=split is not None,
-        EXP_POLY=fused_exp_poly(head_dim), HOIST_STATS=fused_hoist_stats(head_dim), check=check,
+        EXP_POLY=fused_exp_poly(head_dim), HOIST_STATS=fused_hoist_stats(head_dim, causal), check=check,
     )
     if split is not None:
         rows = 64
