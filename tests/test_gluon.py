@@ -856,6 +856,7 @@ def test_gpu_forward_and_backward_replay_from_a_cuda_graph(monkeypatch, head_dim
     # default forward and backward are Gluon in all three cases.
     monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
+    monkeypatch.delenv(hopper.FUSED_SWITCH, raising=False)
     seqlen = 4100 if head_dim == 64 else 777
     q, k, v, dout = (torch.randn(1, seqlen, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
@@ -866,9 +867,12 @@ def test_gpu_forward_and_backward_replay_from_a_cuda_graph(monkeypatch, head_dim
 
     taken = []  # whether each backward ran the five-product kernel
     takes_fused = hopper._takes_fused
-    monkeypatch.setattr(hopper, "_takes_fused", lambda *args: taken.append(takes_fused(*args)) or taken[-1])
+    monkeypatch.setattr(hopper, "_takes_fused",
+                        lambda *args, **kwargs: taken.append(takes_fused(*args, **kwargs)) or taken[-1])
     graph, captured = _captured(step)
     fused = any(taken)
+    if ON_HOPPER:  # (what auto takes there: the five-product kernel at d64 from 4k keys, causal)
+        assert taken and fused == (head_dim == 64), f"five-product backward taken: {taken} at d{head_dim}"
     for _ in range(2):
         for buffer in (*leaves, dout):
             buffer.detach().copy_(torch.randn_like(buffer))

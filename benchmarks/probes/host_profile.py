@@ -4,11 +4,12 @@
 
 d128 bf16, 16 heads, 16k tokens, causal; forward alone (no grad), forward with grad (the graph
 recorded, as ``flashtile bench`` times it) and forward + backward.
-``--calibrate`` first prints the host time per call of flashtile's forward with grad (what
-``flashtile bench`` times) beside SDPA's flash and cuDNN forwards of the same inputs: the
-host machine's speed apart from flashtile's (the 1k causal cells' spread between device
-leases, session 22). ``--docs D`` masks it instead with a mask_mod (causal and D documents of equal length) and a
-block mask of 128 x 128 tiles built once, the path of masks.py's document rows.
+``--calibrate`` first prints the host time per call of flashtile's causal forward with grad
+(what ``flashtile bench`` times; causal whatever ``--docs`` says) beside SDPA's flash and cuDNN
+forwards of the same inputs: the host machine's speed apart from flashtile's (the 1k causal
+cells' spread between device leases, session 22). ``--docs D`` masks it instead with a mask_mod
+(causal and D documents of equal length) and a block mask of 128 x 128 tiles built once, the path
+of masks.py's document rows.
 The GPU is kept busy by a sleep kernel queued first, so calls only enqueue and the figures
 are the host's own. Keep calls × launches per call under ~1000: past the driver's queue
 depth a launch blocks until the sleep ends, and the profile then shows that wait.
@@ -101,13 +102,7 @@ def main():
                      ("forward+backward", forward_backward)):
         for _ in range(3):
             fn()
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(1e9))
-        start = time.perf_counter()
-        for _ in range(args.calls):
-            fn()
-        host_us = (time.perf_counter() - start) / args.calls * 1e6
-        torch.cuda.synchronize()
+        per_call = host_us(fn, args.calls)
         torch.cuda._sleep(int(1e9))
         profile = cProfile.Profile()
         profile.enable()
@@ -115,7 +110,7 @@ def main():
             fn()
         profile.disable()
         torch.cuda.synchronize()
-        print(f"===== {name}: host {host_us:.1f} us per call (without the profiler)")
+        print(f"===== {name}: host {per_call:.1f} us per call (without the profiler, median of 5 rounds)")
         for order, count in (("tottime", 25), ("cumulative", 45)):
             text = io.StringIO()
             pstats.Stats(profile, stream=text).sort_stats(order).print_stats(count)
