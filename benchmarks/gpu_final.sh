@@ -65,6 +65,8 @@
 #                                        # GPU tests, probes/dq_swizzle.py (128/64/32/0 in turn), ncu's excess
 #                                        # shared-memory wavefronts; ~300 s
 #   bash benchmarks/gpu_final.sh grid      # the speed table's grid, flashtile bench beside FA2, cuDNN, Flex; ~210 s
+#   bash benchmarks/gpu_final.sh host      # short calls' host time: the replay tests, then probes/host_profile.py
+#                                        # --calibrate at d128 and d256 (flashtile beside SDPA); ~90 s
 #   bash benchmarks/gpu_final.sh hoist     # attempt 56 at d64 and 1k (lse2 loaded during S^T): GPU tests with it
 #                                        # forced, probes/hoist_stats.py d64 and d128, 1k-16k; ~200 s
 #   bash benchmarks/gpu_final.sh exp-poly  # the fused backward with part of its exponentials on the FMA units
@@ -373,6 +375,18 @@ case ${1:-tests} in
     step timeout 400 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k 4k 16k \
       --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
     cat "$OUT/gpu.txt"; grep -v "Warn" "$OUT/bench.log" | tail -60; cat "$OUT/times.txt" ;;
+  host)
+    # Short calls' host time (session 22: the causal 1k cells are host-bound on this machine): the
+    # replay tests first (their five-product check, written after session 22's device time), then
+    # probes/host_profile.py --calibrate at d128 and d256 (flashtile's forward with grad beside
+    # SDPA's flash and cuDNN, then cProfile of each path); ~90 s.
+    WORKERS=3 gluon_tests tests-replay.log 120 100 tests/test_gluon.py -m gpu -k replay
+    for d in 128 256; do
+      step timeout 100 python3 benchmarks/probes/host_profile.py --headdim "$d" --calls 40 --calibrate \
+        > "$OUT/host-profile-d$d.log" 2>&1
+    done
+    cat "$OUT/gpu.txt"; tail -n 2 "$OUT/tests-replay.log"; grep -h "calibrate\|=====" "$OUT"/host-profile-d*.log
+    cat "$OUT/times.txt" ;;
   hoist)
     # Attempt 56 where it was not timed: each step's lse2 row loaded during its S^T product at d64
     # (it spills there: 48 -> 128 bytes of stack) and at 1k, beside d128; the fused GPU tests with
