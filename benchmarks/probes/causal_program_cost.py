@@ -37,12 +37,10 @@ import math
 import os
 import sys
 
-import torch
-
 from flashtile.kernels import hopper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fused_program_cost import fit, full_cases, grid_of, median_us  # noqa: E402
+from fused_program_cost import fit, full_cases, fused_setup, grid_of, median_us  # noqa: E402
 
 
 def causal_programs(rows: int, seqlen: int, head_dim: int, block_m: int, block_n: int) -> list:
@@ -75,12 +73,7 @@ def main():
     parser.add_argument("--headdim", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    os.environ["FLASHTILE_GLUON_BWD"] = "1"
-    os.environ["FLASHTILE_GLUON_BWD_FUSED"] = "1"
-    block_m, block_n, _ = hopper.BWD_FUSED[args.headdim]
-    heads = 2048 // args.headdim
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
+    block_m, block_n, heads, sms = fused_setup(args.headdim)
     full = full_cases((8192, 16384))
     causal_cases = [(16384 // n, n, n, True) for n in (2048, 4096, 8192, 16384)]
     us = median_us(full + causal_cases, heads, args.headdim, args.rounds)

@@ -82,18 +82,24 @@ def fit(rows):
     return c, t, passes
 
 
+def fused_setup(head_dim: int) -> tuple[int, int, int, int]:
+    """The five-product backward forced (FLASHTILE_GLUON_BWD=1, FLASHTILE_GLUON_BWD_FUSED=1) and
+    the versions printed; (BLOCK_M, BLOCK_N, heads, SMs) of a d``head_dim`` grid of 2048 / d heads."""
+    os.environ["FLASHTILE_GLUON_BWD"] = "1"
+    os.environ["FLASHTILE_GLUON_BWD_FUSED"] = "1"
+    block_m, block_n, _ = hopper.BWD_FUSED[head_dim]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
+    return block_m, block_n, 2048 // head_dim, sms
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--headdim", type=int, default=128)
     parser.add_argument("--keys", type=int, nargs="+", default=[8192, 16384])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    os.environ["FLASHTILE_GLUON_BWD"] = "1"
-    os.environ["FLASHTILE_GLUON_BWD_FUSED"] = "1"
-    block_m, block_n, _ = hopper.BWD_FUSED[args.headdim]
-    heads = 2048 // args.headdim
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
+    block_m, block_n, heads, sms = fused_setup(args.headdim)
     cases = full_cases(args.keys)
     us = median_us(cases, heads, args.headdim, args.rounds)
     rows = []

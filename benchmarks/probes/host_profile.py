@@ -22,30 +22,22 @@ import cProfile
 import io
 import os
 import pstats
+import statistics
 import sys
-import time
 
 import torch
 
 import flashtile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from launch_overhead import host_ms_per_call  # noqa: E402
 from masks import causal_documents  # noqa: E402
 
 
 def host_us(fn, calls: int) -> float:
-    """Host microseconds per call of ``fn`` while a sleep kernel keeps the GPU busy (calls only
-    enqueue), the median of 5 rounds."""
-    rounds = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(1e9))
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        rounds.append((time.perf_counter() - start) / calls * 1e6)
-    torch.cuda.synchronize()
-    return sorted(rounds)[2]
+    """Host microseconds per call of ``fn`` while the GPU is kept busy (launch_overhead's
+    host_ms_per_call), the median of 5 rounds."""
+    return statistics.median(host_ms_per_call(fn, torch.device("cuda"), calls) for _ in range(5)) * 1e3
 
 
 def calibrate(q, k, v, calls: int) -> None:
