@@ -30,6 +30,8 @@ if HAS_CUDA and os.environ.get("TRITON_INTERPRET", "0") == "0":
 
 import pytest  # noqa: E402
 
+from flashtile import call_cache  # noqa: E402
+
 
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
@@ -67,6 +69,16 @@ def seed(request) -> int:
     value = zlib.crc32(request.node.nodeid.encode())
     torch.manual_seed(value)
     return value
+
+
+@pytest.fixture(autouse=True)
+def forget_checked_calls():
+    """Each test starts with no remembered checks (flashtile.call_cache): a test that spies on
+    what a call's checks decide, or patches what they read, sees them run on its first call."""
+    call_cache.clear()
+    hopper = sys.modules.get("flashtile.kernels.hopper")
+    if hopper is not None:  # its launch plans: keyed by every setting they read, cleared all the same
+        hopper._DENSE_FORWARD_PLANS.clear()
 
 
 @pytest.fixture

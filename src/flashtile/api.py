@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ops
+from . import call_cache, ops
 from .backends import select_backend
 from .block_mask import BlockMask, create_block_mask, depends_on_batch_and_head, register
 from .kernels.configs import interpreting
@@ -96,6 +96,14 @@ def attention(
     float32 inputs use full-precision fp32 matmuls unless
     ``torch.backends.cuda.matmul.allow_tf32`` is True, as in PyTorch.
     """
+    key = None
+    if (bias is None and alibi_slopes is None and mask_mod is None and block_mask is None and score_mod is None
+            and dropout_seed is None):
+        key = call_cache.plain_key(q, k, v, layout, causal, window_size, softmax_scale, softcap, dropout_p,
+                                   deterministic)
+        checked = call_cache.lookup(key)
+        if checked is not None:  # the same kind of call passed every check below before
+            return _run_checked(q, k, v, layout, checked, return_lse, deterministic)
     batch, _, _, heads_q, _, headdim = check_qkv(q, k, v, layout)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__} {deterministic!r}")
@@ -127,11 +135,32 @@ def attention(
                                       alibi_slopes=alibi_slopes, bias=bias, dropout_p=dropout_p)
         if band_block is not None:  # the same band, as a block mask: no band left for the kernels
             mask_key, band = register(band_block), Band(None, None)
+        elif key is not None and _band_stays(band, q, k, v, seqlen_q, seqlen_k, backend):
+            checked = call_cache.CheckedCall(softmax_scale, band.left, band.right, float(softcap), backend,
+                                             any(t.stride(-1) != 1 for t in (q, k, v)))
+            call_cache.remember(key, checked)
+            return _run_checked(q, k, v, layout, checked, return_lse, deterministic)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention(
         q, k, v, layout, softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
-        bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed, None, None, 0, 0, mask_key,
-        score_key, deterministic,
+        _allow_tf32(q.dtype), bias, float(dropout_p), seed, None, None, 0, 0, mask_key, score_key, deterministic,
+    )
+    return (out, lse) if return_lse else out
+
+
+def _allow_tf32(dtype: torch.dtype) -> bool:
+    """The kernels' matmul precision for float32 inputs, as PyTorch's
+    ``torch.backends.cuda.matmul.allow_tf32`` says (read only for float32: it costs ~0.7 µs)."""
+    return dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def _run_checked(q, k, v, layout: str, checked: call_cache.CheckedCall, return_lse: bool, deterministic: bool):
+    """The end of attention() for a plain call whose checks passed (``checked``)."""
+    if checked.copies_needed:
+        q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+    out, lse = ops.attention(
+        q, k, v, layout, checked.softmax_scale, checked.window_left, checked.window_right, checked.softcap, None,
+        checked.backend, _allow_tf32(q.dtype), None, 0.0, None, None, None, 0, 0, None, None, deterministic,
     )
     return (out, lse) if return_lse else out
 
@@ -158,9 +187,9 @@ def _band_block_mask(band: Band, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     per band and length and kept; not under torch.compile (a graph cannot hold the build), and
     during CUDA-graph capture only if built before (building reads back to the host)."""
     # (the band's own questions first: most calls have no window, and stop here)
-    if band.is_full or band == Band(None, 0) or backend != "triton" or seqlen_q != seqlen_k:
+    if _band_stays(band, q, k, v, seqlen_q, seqlen_k, backend):
         return None
-    if softcap != 0 or alibi_slopes is not None or bias is not None or dropout_p != 0 or not ops.needs_grad(q, k, v):
+    if softcap != 0 or alibi_slopes is not None or bias is not None or dropout_p != 0:
         return None
     if torch.compiler.is_compiling():
         return None
@@ -182,6 +211,14 @@ def _band_block_mask(band: Band, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if capturing:
         _BAND_BLOCK_MASKS_IN_GRAPHS[key] = block
     return block
+
+
+def _band_stays(band: Band, q, k, v, seqlen_q: int, seqlen_k: int, backend: str) -> bool:
+    """Whether a call's band stays a band for the kernels whatever the switches and CUDA-graph
+    capture say (_band_block_mask's answers from the call alone): no window, or a call that no
+    backward follows or whose queries are not its keys, or the reference backend."""
+    return (band.is_full or band == Band(None, 0) or backend != "triton" or seqlen_q != seqlen_k
+            or not ops.needs_grad(q, k, v))
 
 
 def _band_tiles() -> tuple:
