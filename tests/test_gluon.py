@@ -207,9 +207,9 @@ def test_a_descriptor_from_the_cache_equals_a_newly_checked_one_and_the_cache_ke
     assert hopper._tile_descriptor(contiguous, 64).strides == list(contiguous.stride())
     halves = second.half()
     assert hopper._tile_descriptor(halves, 64).layout == hopper._tile_layout(64, 64, torch.float16)
-    # and a descriptor's lists are its own
-    cached.shape[0] = 99
-    assert hopper._tile_descriptor(second, 64).shape[0] == 2
+    # Its lists are the template's (Triton's launcher only reads them): still the first call's.
+    assert cached.shape == list(second.shape) and cached.strides == list(second.stride())
+    assert cached.block_shape == [1, 1, 64, 64]
 
 
 class _RecordLaunch:
@@ -624,6 +624,37 @@ def test_the_gluon_forward_hands_its_kernel_descriptors_of_its_own_tiles(monkeyp
     assert q_desc.block_shape == o_desc.block_shape == [1, 1, half, width]
     assert k_desc.block_shape == v_desc.block_shape == [1, 1, constexprs["BLOCK_N"], width]
     assert grid == (triton.cdiv(300, constexprs["BLOCK_M"]) * 2 * 6,)
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+def test_a_repeated_forward_launches_from_its_plan_with_the_new_tensors(monkeypatch):
+    gluon_fwd = hopper._gluon()[0]
+    monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH, raising=False)
+    launches = []
+    monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
+
+    def call(seqlen_k=333, causal=True, scale=0.125):
+        q, out = (torch.randn(2, 6, 300, 128, dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(2, 2, seqlen_k, 128, dtype=torch.bfloat16) for _ in range(2))
+        hopper.forward(q, k, v, out, scale, causal=causal)
+        _, grid, args, constexprs = launches[-1]
+        assert [d.base for d in args[:4]] == [q, k, v, out]  # this call's tensors, never the plan's first
+        lse = args[4]
+        assert args[5:7] == lse.stride()[:2]
+        return grid, args[5:], constexprs, [d.block_shape for d in args[:4]]
+
+    first = call()
+    assert len(hopper._DENSE_FORWARD_PLANS) == 1
+    assert call() == first  # the plan's launch: the same grid, arguments, constexprs and tiles
+    assert len(hopper._DENSE_FORWARD_PLANS) == 1
+    # each thing the plan is worked out from is in its key: another length, causality or scale ...
+    assert call(seqlen_k=4096)[2]["NUM_STAGES"] == 3 and call(causal=False)[2]["CAUSAL"] is False
+    assert call(scale=0.25)[1][-1] == 0.25 * hopper.LOG2E
+    # ... and the module settings it read: a probe's tiles or L2 budget take effect at once
+    monkeypatch.setattr(hopper, "_config", lambda head_dim, seqlen_k: (64, 4))
+    assert (call()[2]["BLOCK_N"], call()[2]["NUM_STAGES"]) == (64, 4)
+    monkeypatch.setattr(hopper, "CAUSAL_L2_BYTES", 0)
+    assert call()[1][7] == 1  # heads per group: the plain order
 
 
 def test_three_consumer_warpgroups_run_only_where_asked_and_at_d64(monkeypatch):

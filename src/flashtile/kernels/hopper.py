@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+from typing import NamedTuple
 
 import torch
 import triton
@@ -403,13 +404,7 @@ def _descriptor(t: torch.Tensor, box: tuple, layout):
     key = (t.shape, t.stride(), t.dtype, box, layout)
     template = _DESCRIPTOR_TEMPLATES.get(key)
     if template is not None:
-        descriptor = object.__new__(type(template))
-        descriptor.__dict__.update(template.__dict__)
-        descriptor.base = t
-        # Lists of its own, so that nothing done to one descriptor's reaches the template.
-        descriptor.shape, descriptor.strides = list(template.shape), list(template.strides)
-        descriptor.block_shape = list(template.block_shape)
-        return descriptor
+        return _bound(template, t)
     TensorDescriptor = _gluon()[2]
     descriptor = TensorDescriptor(t, list(t.shape), list(t.stride()), list(box), layout)
     if hasattr(descriptor, "__dict__"):  # (were it ever a __slots__ class: no cache, each one built)
@@ -426,11 +421,30 @@ def _descriptor(t: torch.Tensor, box: tuple, layout):
     return descriptor
 
 
+def _bound(template, t: torch.Tensor):
+    """A copy of a descriptor template (``t``'s shape, strides and dtype) that addresses ``t``.
+    Its shape, strides and block lists are the template's own: Triton's launcher only reads
+    them (make_tensordesc_arg, 3.6 to 3.9), and nothing in flashtile writes them."""
+    descriptor = object.__new__(type(template))
+    descriptor.__dict__.update(template.__dict__)
+    descriptor.base = t
+    return descriptor
+
+
 def _tile_descriptor(t: torch.Tensor, rows: int, width: int | None = None):
     """A TMA descriptor of a (B, H, S, D) view whose copies move (1, 1, rows, width) tiles;
     ``width`` (default D) may exceed D: the columns past it load as zeros and are not stored."""
     width = t.shape[3] if width is None else width
     return _descriptor(t, (1, 1, rows, width), _tile_layout(rows, width, t.dtype))
+
+
+def _tile_template(t: torch.Tensor, rows: int, width: int):
+    """The template _tile_descriptor(t, rows, width) copies (made now if new), for callers that
+    keep it and bind their tensors to it with _bound; None where Triton's descriptors are not
+    copied (a __slots__ class)."""
+    box, layout = (1, 1, rows, width), _tile_layout(rows, width, t.dtype)
+    _descriptor(t, box, layout)
+    return _DESCRIPTOR_TEMPLATES.get((t.shape, t.stride(), t.dtype, box, layout))
 
 
 # The block-sparse kernels (gluon_fwd._fwd_listed_kernel; gluon_bwd._dkdv_listed_kernel and
@@ -570,6 +584,47 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
                         cdiv(seqlen_q, BLOCK_M))
         return lse
     consumers = forward_consumers(head_dim)
+    plan = _dense_forward_plan(q, k, v, out, softmax_scale, causal, head_dim, consumers)
+    descriptors = (plan.descriptors[0] if plan.templates is None else
+                   [_bound(template, t) for template, t in zip(plan.templates, (q, k, v, out))])
+    fast_launch.launch(gluon_fwd._fwd_pingpong_kernel, plan.grid, *descriptors, lse, *plan.scalars,
+                       **plan.constexprs)
+    return lse
+
+
+class _DenseForwardPlan(NamedTuple):
+    """What a dense forward launch is besides its tensors: the grid, the descriptor templates of
+    q, k, v and out (None where Triton's descriptors are not copied: ``descriptors`` then holds
+    this call's own), the arguments after the LSE and the constexprs."""
+
+    grid: tuple
+    templates: tuple | None
+    descriptors: tuple
+    scalars: tuple
+    constexprs: dict
+
+
+# Dense forward plans by what they are worked out from: the shapes, strides and dtype, the scale,
+# causal, the consumers, and every module setting read on the way (so that a probe or test
+# that swaps one gets a new plan, not a stale one). A repeat finds its plan instead of working
+# out the tiles, the grid and four descriptors' keys again: ~6 of the 14 µs this forward took on
+# a fast CPU (session 23).
+_DENSE_FORWARD_PLANS: dict = {}
+_PLANS_MAX = 256
+
+
+def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_dim: int,
+                        consumers: int) -> _DenseForwardPlan:
+    """The plan of forward()'s dense launch for these tensors (q/out (B, Hq, Sq, D), k/v (B, Hkv,
+    Sk, D)), made on the first call of its kind."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
+           consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_CONSUMER_REGS.get(consumers), CAUSAL_L2_BYTES,
+           causal_heads_per_group)
+    plan = _DENSE_FORWARD_PLANS.get(key)
+    if plan is not None:
+        return plan
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
     block_n, num_stages = _config(head_dim, seqlen_k) if consumers == 2 else FORWARD_THREE_CONSUMER_TILES
     part_m = BLOCK_M // 2  # rows per consumer warpgroup
     block_m = part_m * consumers
@@ -577,19 +632,27 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     group = heads_q // heads_kv
     heads_per_group = causal_heads_per_group(causal, batch * heads_q, seqlen_k, head_dim, q.element_size(),
                                              shared_by=group)
+    rows = (part_m, block_n, block_n, part_m)
+    templates = tuple(_tile_template(t, r, head_dim) for t, r in zip((q, k, v, out), rows))
+    descriptors = ()
+    if any(template is None for template in templates):
+        templates, descriptors = None, tuple(_tile_descriptor(t, r, head_dim) for t, r in zip((q, k, v, out), rows))
     # (CONSUMERS passed only when it is not the kernel's default: the two-consumer launch's
     # arguments, and so its fast_launch key, stay as they were)
     extra = {} if consumers == 2 else {"CONSUMERS": consumers}
-    fast_launch.launch(
-        gluon_fwd._fwd_pingpong_kernel, (num_m_blocks * batch * heads_q,),
-        _tile_descriptor(q, part_m, head_dim), _tile_descriptor(k, block_n, head_dim),
-        _tile_descriptor(v, block_n, head_dim), _tile_descriptor(out, part_m, head_dim),
-        lse, lse.stride(0), lse.stride(1), heads_q, group, seqlen_q, seqlen_k, num_m_blocks, heads_per_group,
-        softmax_scale * LOG2E,
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=num_stages, CAUSAL=causal,
-        LOADER_REGS=24, CONSUMER_REGS=FORWARD_CONSUMER_REGS[consumers], num_warps=4, **extra,
+    plan = _DenseForwardPlan(
+        grid=(num_m_blocks * batch * heads_q,), templates=templates, descriptors=descriptors,
+        # after the LSE: its strides (a new contiguous (B, Hq, Sq) tensor), then the problem
+        scalars=(heads_q * seqlen_q, seqlen_q, heads_q, group, seqlen_q, seqlen_k, num_m_blocks, heads_per_group,
+                 softmax_scale * LOG2E),
+        constexprs=dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=num_stages, CAUSAL=causal,
+                        LOADER_REGS=24, CONSUMER_REGS=FORWARD_CONSUMER_REGS[consumers], num_warps=4, **extra),
     )
-    return lse
+    if templates is not None:  # (a plan that holds this call's descriptors is not kept: they hold its tensors)
+        if len(_DENSE_FORWARD_PLANS) >= _PLANS_MAX:
+            _DENSE_FORWARD_PLANS.clear()
+        _DENSE_FORWARD_PLANS[key] = plan
+    return plan
 
 
 def _forward_block_mask(block_mask, head_dim: int):
