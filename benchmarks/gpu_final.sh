@@ -67,6 +67,9 @@
 #   bash benchmarks/gpu_final.sh grid      # the speed table's grid, flashtile bench beside FA2, cuDNN, Flex; ~210 s
 #   bash benchmarks/gpu_final.sh host      # short calls' host time: the replay tests, then probes/host_profile.py
 #                                        # --calibrate at d128 and d256 (flashtile beside SDPA); ~90 s
+#   bash benchmarks/gpu_final.sh host-path # session 23's host path: the GPU tests of the faces and the Gluon forward; ~300 s
+#   bash benchmarks/gpu_final.sh host-ab   # OLD_SRC against this tree, alternating three times: host us per causal
+#                                        # forward with grad at d128 and d256, 1k, SDPA beside (host_profile.py); ~120 s
 #   bash benchmarks/gpu_final.sh hoist     # attempt 56 at d64 and 1k (lse2 loaded during S^T): GPU tests with it
 #                                        # forced, probes/hoist_stats.py d64 and d128, 1k-16k; ~200 s
 #   bash benchmarks/gpu_final.sh exp-poly  # the fused backward with part of its exponentials on the FMA units
@@ -326,6 +329,30 @@ case ${1:-tests} in
     cat "$OUT/gpu.txt"; grep -E "passed|failed|error" "$OUT/tests-dq-stats.log" | tail -12
     echo "== switch off"; grep -E "passed|failed|error" "$OUT/tests-dq-stats-off.log" | tail -6
     tail -16 "$OUT/backward-ab.log"; cat "$OUT/times.txt" ;;
+  host-path)
+    # Session 23's leaner host path (a plain call's checks remembered in call_cache.py, the autograd
+    # Function's six arguments, the dense forward's launch plans): the GPU tests of the faces and
+    # of the Gluon forward (grids, auto dispatch, CUDA-graph replay, causal head groups); ~300 s.
+    gluon_tests tests-host-path.log 150 120 tests/test_call_cache.py tests/test_api.py tests/test_sdpa.py \
+      tests/test_nn.py
+    gluon_tests tests-host-path-gluon.log 240 200 tests/test_gluon.py -m gpu \
+      -k "forward or replay or by_default or causal_grids"
+    cat "$OUT/gpu.txt"; tail -n 3 "$OUT/tests-host-path.log" "$OUT/tests-host-path-gluon.log"; cat "$OUT/times.txt" ;;
+  host-ab)
+    # The host path of OLD_SRC against this tree's, alternating three times: probes/host_profile.py
+    # --only-calibrate's host us per causal forward with grad at d128 and d256, 1k (each the median of 5
+    # rounds), with SDPA flash and cuDNN timed beside as the machine's own yardstick; ~120 s.
+    [[ -n "${OLD_SRC:-}" ]] || { echo "host-ab needs OLD_SRC (a src/ tree carried here)" >&2; exit 2; }
+    for round in 1 2 3; do
+      for tree in "$OLD_SRC" "$PWD/src"; do
+        for d in 128 256; do
+          echo "== round $round d$d, PYTHONPATH=$tree" >> "$OUT/host-ab.log"
+          step env PYTHONPATH="$tree" timeout 60 python3 benchmarks/probes/host_profile.py --headdim "$d" \
+            --only-calibrate >> "$OUT/host-ab.log" 2>&1
+        done
+      done
+    done
+    cat "$OUT/gpu.txt"; grep -E "^==|calibrate" "$OUT/host-ab.log"; cat "$OUT/times.txt" ;;
   tree-ab)
     # Host-bound cells of two trees, alternating in one call (session 18: the 1k causal backward at
     # d128 and d256 read 20-24% below session 16's while FA2 and cuDNN read as before): flashtile

@@ -4,7 +4,7 @@
 
 d128 bf16, 16 heads, 16k tokens, causal; forward alone (no grad), forward with grad (the graph
 recorded, as ``flashtile bench`` times it) and forward + backward.
-``--calibrate`` first prints the host time per call of flashtile's causal forward with grad
+``--calibrate`` (``--only-calibrate``: and nothing else) first prints the host time per call of flashtile's causal forward with grad
 (what ``flashtile bench`` times; causal whatever ``--docs`` says) beside SDPA's flash and cuDNN
 forwards of the same inputs: the host machine's speed apart from flashtile's (the 1k causal
 cells' spread between device leases, session 22). ``--docs D`` masks it instead with a mask_mod
@@ -67,6 +67,7 @@ def main():
     parser.add_argument("--docs", type=int, default=0, help="a document mask of this many documents")
     parser.add_argument("--calibrate", action="store_true",
                         help="first: host us per forward call with grad, flashtile beside SDPA flash and cuDNN")
+    parser.add_argument("--only-calibrate", action="store_true", help="--calibrate, then stop (no profiles)")
     args = parser.parse_args()
     batch, heads = 16384 // args.seqlen, 2048 // args.headdim
     q, k, v = (torch.randn(batch, args.seqlen, heads, args.headdim, device="cuda", dtype=torch.bfloat16,
@@ -88,8 +89,10 @@ def main():
         out = flashtile.attention(q, k, v, **masking)
         torch.autograd.grad(out, (q, k, v), out)
 
-    if args.calibrate:
+    if args.calibrate or args.only_calibrate:
         calibrate(q, k, v, args.calls)
+        if args.only_calibrate:
+            return
     for name, fn in (("forward", forward), ("forward with grad", forward_with_grad),
                      ("forward+backward", forward_backward)):
         for _ in range(3):
