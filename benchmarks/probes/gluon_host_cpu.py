@@ -1,15 +1,16 @@
 """Host time of the Gluon path on a machine without a GPU: the Python up to the launches.
 
-    TRITON_INTERPRET=1 python benchmarks/probes/gluon_host_cpu.py [--calls 50] [--profile]
+    TRITON_INTERPRET=1 python benchmarks/probes/gluon_host_cpu.py [--calls 50] [--profile] [--layers]
 
 The Gluon kernels and the backward's preprocess are replaced by launches that do nothing,
 and ``hopper.eligible`` answers yes, so tiny CPU tensors (1 × 128 × 2 × 128, bf16) walk the
 path a d128 call takes on an H200: argument checks, the autograd Function, the op
 dispatch, the buffers, the descriptors. Left out: the eligibility check itself, Triton's
 launcher and the driver. Prints µs per call for a forward without grad and for forward +
-backward (``torch.autograd.grad``), the median and the fastest of 60 rounds; ``--profile`` adds cProfile's
-top functions of forward + backward. For comparing two trees (PYTHONPATH=.old/src), not
-for absolute figures: the H200 machine's CPU ran the same path ~2-3× slower than this one.
+backward (``torch.autograd.grad``), the median and the fastest of 60 rounds; ``--profile`` adds
+cProfile's top functions of forward + backward, ``--layers`` the time of each layer of a forward with
+grad (and of the eligibility check). For comparing two trees (PYTHONPATH=.old/src), not for
+absolute figures: the H200 machine's CPU ran the same path ~2-3× slower than this one.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
+_REAL_ELIGIBLE = hopper.eligible  # (timed by --layers with its device check passed)
+
+
 def stub_kernels() -> None:
     hopper.eligible = lambda *args, **kwargs: True
     gluon_fwd._fwd_pingpong_kernel = _NoLaunch()
@@ -48,6 +52,40 @@ def stub_kernels() -> None:
     gluon_bwd._dq_listed_kernel = _NoLaunch()
     gluon_bwd_wide._dkdv_wide_kernel = _NoLaunch()
     bwd._bwd_preprocess = _NoLaunch()  # the five-product backward's (hopper._RowStats.preprocess)
+
+
+def layers(q, k, v) -> list:
+    """(name, call) of each layer a d128 causal forward with grad passes through, outermost first,
+    each called as the one above calls it (q, k, v: (B, S, H, D) leaves), and hopper.eligible (stubbed
+    for the other figures) with its device check passed, as on an H200."""
+    from flashtile import ops
+    from flashtile.kernels import launch
+    from flashtile.masks import Band
+
+    detached = [t.detach() for t in (q, k, v)]
+    views = [t.transpose(1, 2) for t in detached]
+    out = torch.empty_like(views[0])
+    band, scale = Band(None, 0), q.shape[-1] ** -0.5
+    options = ("bshd", scale, None, 0, 0.0, None, "triton", False, None, 0.0, None, None, None, 0, 0, None, None)
+
+    def eligible():
+        real = hopper._device_runs_them
+        hopper._device_runs_them = lambda t: True
+        try:
+            return _REAL_ELIGIBLE(*views, out, band, softcap=0.0, alibi_slopes=None, bias=None, dropout_p=0.0,
+                                  varlen=None, block_mask=None, score_mod=None)
+        finally:
+            hopper._device_runs_them = real
+
+    return [
+        ("flashtile.attention (with grad)", lambda: flashtile.attention(q, k, v, causal=True)),
+        ("ops.attention (the autograd Function around the op)", lambda: ops.attention(q, k, v, *options)),
+        ("ops._attention_forward (the op's body)", lambda: ops._attention_forward(*detached, *options)),
+        ("launch.attention_forward_triton", lambda: launch.attention_forward_triton(*views, out, scale, band, 0.0,
+                                                                                    None, False)),
+        ("hopper.forward", lambda: hopper.forward(*views, out, scale, True)),
+        ("hopper.eligible, its device check passed (not in the above)", eligible),
+    ]
 
 
 def per_call_us(fn, calls: int, rounds: int = 60) -> tuple[float, float]:
@@ -67,6 +105,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50, help="calls per round")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--layers", action="store_true",
+                        help="also µs per call of each layer of the forward with grad, outermost first")
     args = parser.parse_args()
     stub_kernels()
     q, k, v = (torch.randn(1, 128, 2, 128, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -86,6 +126,10 @@ def main():
     print(f"torch {torch.__version__}, µs per call (kernels stubbed), median / fastest of "
           f"{per_call_us.__defaults__[0]} rounds: "
           f"forward {fwd_median:.1f} / {fwd_min:.1f}, forward + backward {both_median:.1f} / {both_min:.1f}")
+    if args.layers:
+        for name, fn in layers(q, k, v):
+            fn()
+            print(f"  {name:58s} {per_call_us(fn, args.calls)[1]:6.1f} µs (fastest round)")
     if args.profile:
         profile = cProfile.Profile()
         profile.enable()

@@ -4,12 +4,12 @@
 
 d128 bf16, 16 heads, 16k tokens, causal; forward alone (no grad), forward with grad (the graph
 recorded, as ``flashtile bench`` times it) and forward + backward.
-``--calibrate`` (``--only-calibrate``: and nothing else) first prints the host time per call of flashtile's causal forward with grad
-(what ``flashtile bench`` times; causal whatever ``--docs`` says) beside SDPA's flash and cuDNN
-forwards of the same inputs: the host machine's speed apart from flashtile's (the 1k causal
-cells' spread between device leases, session 22). ``--docs D`` masks it instead with a mask_mod
-(causal and D documents of equal length) and a block mask of 128 x 128 tiles built once, the path
-of masks.py's document rows.
+``--calibrate`` (``--only-calibrate``: and nothing else) first prints the host time per call of
+flashtile's causal forward with grad (what ``flashtile bench`` times; causal whatever ``--docs`` says)
+beside SDPA's flash and cuDNN forwards of the same inputs: the host machine's speed apart from
+flashtile's (the 1k causal cells' spread between device leases, session 22). ``--docs D`` masks it
+instead with a mask_mod (causal and D documents of equal length) and a block mask of 128 x 128 tiles
+built once, the path of masks.py's document rows.
 The GPU is kept busy by a sleep kernel queued first, so calls only enqueue and the figures
 are the host's own. Keep calls × launches per call under ~1000: past the driver's queue
 depth a launch blocks until the sleep ends, and the profile then shows that wait.

@@ -575,7 +575,6 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     listed_tiles_fit; not causal) the block-sparse kernel visits its listed tiles only."""
     gluon_fwd = _gluon()[0]
     batch, heads_q, seqlen_q, _ = q.shape
-    heads_kv, seqlen_k = k.shape[1], k.shape[2]
     head_dim = kernel_head_dim(q.shape[3])
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
     if block_mask is not None:
@@ -585,7 +584,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
         return lse
     consumers = forward_consumers(head_dim)
     plan = _dense_forward_plan(q, k, v, out, softmax_scale, causal, head_dim, consumers)
-    descriptors = (plan.descriptors[0] if plan.templates is None else
+    descriptors = (plan.descriptors if plan.templates is None else
                    [_bound(template, t) for template, t in zip(plan.templates, (q, k, v, out))])
     fast_launch.launch(gluon_fwd._fwd_pingpong_kernel, plan.grid, *descriptors, lse, *plan.scalars,
                        **plan.constexprs)
