@@ -138,6 +138,45 @@ def test_bad_input_equal_to_a_remembered_call_still_raises(good, bad, error):
         flashtile.attention(q, k, v, **bad)
 
 
+def test_causal_is_remembered_only_as_a_bool(checks):
+    # The checks read causal by its truth: a tensor given as causal can change after the call, a
+    # list does not hash. Neither is kept, and each call answers as its causal says now.
+    q, k, v = make_qkv(1, 7, 7, 2, 2, 16, requires_grad=False)
+    flag = torch.tensor(True)
+    masked = flashtile.attention(q, k, v, causal=flag)
+    flag.fill_(False)
+    assert torch.equal(flashtile.attention(q, k, v, causal=flag), flashtile.attention(q, k, v, causal=False))
+    assert not torch.equal(masked, flashtile.attention(q, k, v, causal=False))
+    assert torch.equal(flashtile.attention(q, k, v, causal=[1]), masked)
+    assert len(checks) == 4 and len(call_cache._CHECKED) == 1  # the one bool call
+
+
+def test_the_interpreter_switch_is_read_for_tensors_off_the_gpu(checks, monkeypatch):
+    q, k, v = make_qkv(1, 8, 8, 2, 2, 16, requires_grad=False)
+    flashtile.attention(q, k, v)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    flashtile.attention(q, k, v)
+    assert len(checks) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device beside the CPU")
+def test_the_same_call_on_another_device_is_checked_again(checks):
+    q, k, v = make_qkv(1, 8, 8, 2, 2, 16, dtype=torch.float16, requires_grad=False)
+    flashtile.attention(q, k, v)
+    flashtile.attention(*(t.cuda() for t in (q, k, v)))
+    assert len(checks) == 2
+
+
+def test_a_window_that_may_become_a_block_mask_is_checked_every_time(checks, monkeypatch):
+    # with grad, queries equal to keys, the kernels' backend: _band_block_mask's answer depends on the
+    # Gluon switches and on CUDA-graph capture, which the key does not hold
+    monkeypatch.setenv("FLASHTILE_BACKEND", "triton")
+    q, k, v = (torch.randn(1, 24, 2, 16, device=DEVICE, dtype=torch.float16, requires_grad=True) for _ in range(3))
+    for _ in range(2):
+        flashtile.attention(q, k, v, causal=True, window_size=(5, -1))
+    assert len(checks) == 2 and not call_cache._CHECKED
+
+
 def test_calls_with_tensors_or_objects_beyond_q_k_v_are_not_remembered(checks):
     q, k, v = make_qkv(1, 6, 6, 2, 2, 16, requires_grad=False)
     for _ in range(2):
