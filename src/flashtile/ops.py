@@ -232,7 +232,7 @@ def _attention_backward_fake(dout, dlse, q, k, v, out, lse, layout, softmax_scal
 attention_backward = _define("attention_backward", _attention_backward, _attention_backward_fake)
 
 
-_BIAS_INPUT = 11  # position of ``bias`` among attention_forward's inputs
+_BIAS_OPTION = 8  # position of ``bias`` among attention_forward's inputs after q, k and v (the Function's options)
 
 # Calling an op through the dispatcher costs its arguments' trip through the schema and back
 # (~35 µs per op on a fast CPU for these 20-26 arguments, about twice that on the H200's host:
@@ -280,7 +280,11 @@ class _AttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, options, deterministic):
         out, lse = (_attention_forward if _call_directly(q, k, v) else attention_forward)(q, k, v, *options)
         ctx.save_for_backward(q, k, v, out, lse, bias)
-        ctx.options, ctx.deterministic = options, deterministic  # passed back unchanged (bias: the saved one)
+        # The options go back to the backward as they came, but for the bias: only the saved one is
+        # kept (so that saved-tensor hooks, e.g. offloading, see every reference to it).
+        if bias is not None:
+            options = _with_bias(options, None)
+        ctx.options, ctx.deterministic = options, deterministic
         ctx.bias_requires_grad = bias is not None and ctx.needs_input_grad[3]
         # Both stay alive until the backward (the registries hold them weakly). Not while
         # torch.compile traces: the compiled graph carries only their names.
@@ -296,13 +300,16 @@ class _AttentionFunction(torch.autograd.Function):
         q, k, v, out, lse, bias = ctx.saved_tensors
         if dout is None:  # only the LSE was used
             dout = torch.zeros_like(out)
-        options = ctx.options
-        if bias is not None:
-            options = (*options[:_BIAS_INPUT - 3], bias, *options[_BIAS_INPUT - 2:])
+        options = ctx.options if bias is None else _with_bias(ctx.options, bias)
         backward = _attention_backward if _call_directly(dout, q, k, v) else attention_backward
         dq, dk, dv, dbias = backward(dout, dlse, q, k, v, out, lse, *options, ctx.bias_requires_grad, ctx.deterministic)
         # q, k, v and the bias are differentiable; the options and deterministic are not.
         return dq, dk, dv, (dbias if ctx.bias_requires_grad else None), None, None
+
+
+def _with_bias(options: tuple, bias: Optional[Tensor]) -> tuple:
+    """The Function's options with ``bias`` in the bias's place."""
+    return (*options[:_BIAS_OPTION], bias, *options[_BIAS_OPTION + 1:])
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, layout: str, softmax_scale: float, window_left: Optional[int],
