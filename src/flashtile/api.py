@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import call_cache, ops
-from .backends import select_backend
+from .backends import select_backend, tf32_allowed
 from .block_mask import BlockMask, create_block_mask, depends_on_batch_and_head, register
 from .kernels.configs import interpreting
 from .mask_mods import band_mask_mod
@@ -143,15 +143,9 @@ def attention(
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention(
         q, k, v, layout, softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
-        _allow_tf32(q.dtype), bias, float(dropout_p), seed, None, None, 0, 0, mask_key, score_key, deterministic,
+        tf32_allowed(q.dtype), bias, float(dropout_p), seed, None, None, 0, 0, mask_key, score_key, deterministic,
     )
     return (out, lse) if return_lse else out
-
-
-def _allow_tf32(dtype: torch.dtype) -> bool:
-    """The kernels' matmul precision for float32 inputs, as PyTorch's
-    ``torch.backends.cuda.matmul.allow_tf32`` says (read only for float32: it costs ~0.7 µs)."""
-    return dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def _run_checked(q, k, v, layout: str, checked: call_cache.CheckedCall, return_lse: bool, deterministic: bool):
@@ -160,7 +154,7 @@ def _run_checked(q, k, v, layout: str, checked: call_cache.CheckedCall, return_l
         q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention(
         q, k, v, layout, checked.softmax_scale, checked.window_left, checked.window_right, checked.softcap, None,
-        checked.backend, _allow_tf32(q.dtype), None, 0.0, None, None, None, 0, 0, None, None, deterministic,
+        checked.backend, tf32_allowed(q.dtype), None, 0.0, None, None, None, 0, 0, None, None, deterministic,
     )
     return (out, lse) if return_lse else out
 

@@ -92,6 +92,13 @@ def backend_status() -> list[BackendStatus]:
     ]
 
 
+def tf32_allowed(dtype: torch.dtype) -> bool:
+    """Whether the kernels may multiply ``dtype`` inputs in TF32: float32 inputs, as PyTorch's
+    ``torch.backends.cuda.matmul.allow_tf32`` says (read only for them: each read costs ~0.7 µs of a
+    call's host path); other dtypes have no TF32 question."""
+    return dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
+
+
 def requested_backend() -> str:
     name = os.environ.get("FLASHTILE_BACKEND", "auto").strip().lower() or "auto"
     if name not in BACKENDS:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .backends import select_backend
+from .backends import select_backend, tf32_allowed
 from .masks import Band, normalize_window
 from .reference.tiled import tiled_attention_forward
 from .rotary import apply_rotary
@@ -226,7 +226,7 @@ def flash_attn_with_kvcache(
 
         out_parts, lse_parts = decode_attention_triton(
             q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, softmax_scale, band,
-            float(softcap), alibi_slopes, num_splits, bool(torch.backends.cuda.matmul.allow_tf32))
+            float(softcap), alibi_slopes, num_splits, tf32_allowed(q.dtype))
         if out_parts.shape[0] == 1:  # already in q's dtype
             out, lse = out_parts[0], lse_parts[0]
         else:

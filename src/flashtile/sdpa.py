@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import ops
-from .backends import select_backend
+from .backends import select_backend, tf32_allowed
 from .validation import check_backend_limits, check_bias, check_tensor, last_dim_contiguous
 
 _torch_sdpa = F.scaled_dot_product_attention  # the original, for fallbacks and for restoring
@@ -131,7 +131,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, _ = ops.attention(
         q, k, v, "bhsd", softmax_scale, None, window_right, 0.0, None, backend,
-        bool(torch.backends.cuda.matmul.allow_tf32), bias, float(dropout_p), seed, None, None, 0, 0, None,
+        tf32_allowed(q.dtype), bias, float(dropout_p), seed, None, None, 0, 0, None,
     )
     return out.reshape(*query.shape[:-1], out.shape[-1])
 

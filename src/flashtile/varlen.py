@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .backends import select_backend
+from .backends import select_backend, tf32_allowed
 from .masks import normalize_window
 from .validation import (check_backend_limits, check_int32_tensor, check_on_device, check_options, check_packed,
                          check_tensor, last_dim_contiguous)
@@ -106,7 +106,7 @@ def flash_attn_varlen_func(
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse = ops.attention(
         q, k, v, "thd", softmax_scale, band.left, band.right, float(softcap), alibi_slopes, backend,
-        bool(torch.backends.cuda.matmul.allow_tf32), None, float(dropout_p), seed, cu_seqlens_q, cu_seqlens_k,
+        tf32_allowed(q.dtype), None, float(dropout_p), seed, cu_seqlens_q, cu_seqlens_k,
         max_seqlen_q, max_seqlen_k, None,
     )
     return (out, lse, None) if return_attn_probs else out

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .. import ops
-from ..backends import select_backend
+from ..backends import select_backend, tf32_allowed
 from ..masks import Band, normalize_window
 from ..merge import merge_attention_states_pair
 from ..validation import check_backend_limits, check_options, check_qkv, last_dim_contiguous
@@ -200,7 +200,7 @@ def ring_config(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale,
     backend = select_backend(q.device, q.dtype)
     check_backend_limits(backend, q.dtype, headdim)
     return RingConfig(layout, softmax_scale, normalize_window(causal, window_size), float(softcap), backend,
-                      bool(torch.backends.cuda.matmul.allow_tf32), sharding)
+                      tf32_allowed(q.dtype), sharding)
 
 
 def ring_attention(
