@@ -401,24 +401,33 @@ _TEMPLATES_MAX = 512
 
 def _descriptor(t: torch.Tensor, box: tuple, layout):
     """A TMA descriptor of ``t`` (any rank up to 5) whose copies move ``box``-shaped tiles."""
+    template = _template(t, box, layout)
+    if template is None:  # (were Triton's descriptors ever a __slots__ class: each one built)
+        return _gluon()[2](t, list(t.shape), list(t.stride()), list(box), layout)
+    return _bound(template, t)
+
+
+def _template(t: torch.Tensor, box: tuple, layout):
+    """The checked descriptor of t's shape, strides and dtype moving ``box``-shaped tiles, without
+    a tensor (made from ``t`` the first time: Triton's constructor checks it), or None where
+    Triton's descriptors cannot be copied (a __slots__ class)."""
     key = (t.shape, t.stride(), t.dtype, box, layout)
     template = _DESCRIPTOR_TEMPLATES.get(key)
     if template is not None:
-        return _bound(template, t)
-    TensorDescriptor = _gluon()[2]
-    descriptor = TensorDescriptor(t, list(t.shape), list(t.stride()), list(box), layout)
-    if hasattr(descriptor, "__dict__"):  # (were it ever a __slots__ class: no cache, each one built)
-        if len(_DESCRIPTOR_TEMPLATES) >= _TEMPLATES_MAX:
-            _DESCRIPTOR_TEMPLATES.clear()
-        template = object.__new__(type(descriptor))
-        template.__dict__.update(descriptor.__dict__)
-        template.base = None  # the cache keeps no tensor alive
-        # What fast_launch keys this descriptor's launches by (besides its base's alignment):
-        # an object of its own per template, which the copies carry.
-        setattr(template, fast_launch.LAUNCH_KEY, object())
-        _DESCRIPTOR_TEMPLATES[key] = template
-        setattr(descriptor, fast_launch.LAUNCH_KEY, getattr(template, fast_launch.LAUNCH_KEY))
-    return descriptor
+        return template
+    descriptor = _gluon()[2](t, list(t.shape), list(t.stride()), list(box), layout)
+    if not hasattr(descriptor, "__dict__"):
+        return None
+    if len(_DESCRIPTOR_TEMPLATES) >= _TEMPLATES_MAX:
+        _DESCRIPTOR_TEMPLATES.clear()
+    template = object.__new__(type(descriptor))
+    template.__dict__.update(descriptor.__dict__)
+    template.base = None  # the cache keeps no tensor alive
+    # What fast_launch keys this descriptor's launches by (besides its base's alignment): an
+    # object of its own per template, which the copies carry.
+    setattr(template, fast_launch.LAUNCH_KEY, object())
+    _DESCRIPTOR_TEMPLATES[key] = template
+    return template
 
 
 def _bound(template, t: torch.Tensor):
@@ -431,20 +440,22 @@ def _bound(template, t: torch.Tensor):
     return descriptor
 
 
+def _tile_box(t: torch.Tensor, rows: int, width: int | None) -> tuple:
+    """(box, layout) of a (B, H, S, D) view's descriptors moving (1, 1, rows, width) tiles."""
+    width = t.shape[3] if width is None else width
+    return (1, 1, rows, width), _tile_layout(rows, width, t.dtype)
+
+
 def _tile_descriptor(t: torch.Tensor, rows: int, width: int | None = None):
     """A TMA descriptor of a (B, H, S, D) view whose copies move (1, 1, rows, width) tiles;
     ``width`` (default D) may exceed D: the columns past it load as zeros and are not stored."""
-    width = t.shape[3] if width is None else width
-    return _descriptor(t, (1, 1, rows, width), _tile_layout(rows, width, t.dtype))
+    return _descriptor(t, *_tile_box(t, rows, width))
 
 
 def _tile_template(t: torch.Tensor, rows: int, width: int):
-    """The template _tile_descriptor(t, rows, width) copies (made now if new), for callers that
-    keep it and bind their tensors to it with _bound; None where Triton's descriptors are not
-    copied (a __slots__ class)."""
-    box, layout = (1, 1, rows, width), _tile_layout(rows, width, t.dtype)
-    _descriptor(t, box, layout)
-    return _DESCRIPTOR_TEMPLATES.get((t.shape, t.stride(), t.dtype, box, layout))
+    """The template of _tile_descriptor(t, rows, width), for callers that keep it and bind their
+    tensors to it with _bound (None where descriptors are not copied)."""
+    return _template(t, *_tile_box(t, rows, width))
 
 
 # The block-sparse kernels (gluon_fwd._fwd_listed_kernel; gluon_bwd._dkdv_listed_kernel and
@@ -584,30 +595,33 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
         return lse
     consumers = forward_consumers(head_dim)
     plan = _dense_forward_plan(q, k, v, out, softmax_scale, causal, head_dim, consumers)
-    descriptors = (plan.descriptors if plan.templates is None else
-                   [_bound(template, t) for template, t in zip(plan.templates, (q, k, v, out))])
+    tensors = (q, k, v, out)
+    if plan.templates is not None:
+        descriptors = [_bound(template, t) for template, t in zip(plan.templates, tensors)]
+    else:  # (a Triton whose descriptors cannot be copied: each call builds its own)
+        descriptors = [_tile_descriptor(t, rows, head_dim) for t, rows in zip(tensors, plan.rows)]
     fast_launch.launch(gluon_fwd._fwd_pingpong_kernel, plan.grid, *descriptors, lse, *plan.scalars,
                        **plan.constexprs)
     return lse
 
 
 class _DenseForwardPlan(NamedTuple):
-    """What a dense forward launch is besides its tensors: the grid, the descriptor templates of
-    q, k, v and out (None where Triton's descriptors are not copied: ``descriptors`` then holds
-    this call's own), the arguments after the LSE and the constexprs."""
+    """What a dense forward launch is besides its tensors: the grid, the tile rows of the
+    descriptors of q, k, v and out and their templates (None where Triton's descriptors are not
+    copied), the arguments after the LSE and the constexprs."""
 
     grid: tuple
+    rows: tuple
     templates: tuple | None
-    descriptors: tuple
     scalars: tuple
     constexprs: dict
 
 
 # Dense forward plans by what they are worked out from: the shapes, strides and dtype, the scale,
-# causal, the consumers, and every module setting read on the way (so that a probe or test
-# that swaps one gets a new plan, not a stale one). A repeat finds its plan instead of working
-# out the tiles, the grid and four descriptors' keys again: ~6 of the 14 µs this forward took on
-# a fast CPU (session 23).
+# causal, the consumers, and the module settings a probe or test swaps (the tiles, the three
+# consumers' tiles and registers, the causal L2 budget and its rule), so that a swap gets a new
+# plan, not a stale one. A repeat finds its plan instead of working out the tiles, the grid and
+# four descriptors' keys again: 13.9 -> 9.0 µs of this forward on a fast CPU (session 23).
 _DENSE_FORWARD_PLANS: dict = {}
 _PLANS_MAX = 256
 
@@ -615,7 +629,7 @@ _PLANS_MAX = 256
 def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_dim: int,
                         consumers: int) -> _DenseForwardPlan:
     """The plan of forward()'s dense launch for these tensors (q/out (B, Hq, Sq, D), k/v (B, Hkv,
-    Sk, D)), made on the first call of its kind."""
+    Sk, D), one dtype), made on the first call of its kind."""
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
            consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_CONSUMER_REGS.get(consumers), CAUSAL_L2_BYTES,
            causal_heads_per_group)
@@ -633,24 +647,21 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
                                              shared_by=group)
     rows = (part_m, block_n, block_n, part_m)
     templates = tuple(_tile_template(t, r, head_dim) for t, r in zip((q, k, v, out), rows))
-    descriptors = ()
-    if any(template is None for template in templates):
-        templates, descriptors = None, tuple(_tile_descriptor(t, r, head_dim) for t, r in zip((q, k, v, out), rows))
     # (CONSUMERS passed only when it is not the kernel's default: the two-consumer launch's
     # arguments, and so its fast_launch key, stay as they were)
     extra = {} if consumers == 2 else {"CONSUMERS": consumers}
     plan = _DenseForwardPlan(
-        grid=(num_m_blocks * batch * heads_q,), templates=templates, descriptors=descriptors,
+        grid=(num_m_blocks * batch * heads_q,), rows=rows,
+        templates=None if any(template is None for template in templates) else templates,
         # after the LSE: its strides (a new contiguous (B, Hq, Sq) tensor), then the problem
         scalars=(heads_q * seqlen_q, seqlen_q, heads_q, group, seqlen_q, seqlen_k, num_m_blocks, heads_per_group,
                  softmax_scale * LOG2E),
         constexprs=dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=num_stages, CAUSAL=causal,
                         LOADER_REGS=24, CONSUMER_REGS=FORWARD_CONSUMER_REGS[consumers], num_warps=4, **extra),
     )
-    if templates is not None:  # (a plan that holds this call's descriptors is not kept: they hold its tensors)
-        if len(_DENSE_FORWARD_PLANS) >= _PLANS_MAX:
-            _DENSE_FORWARD_PLANS.clear()
-        _DENSE_FORWARD_PLANS[key] = plan
+    if len(_DENSE_FORWARD_PLANS) >= _PLANS_MAX:
+        _DENSE_FORWARD_PLANS.clear()
+    _DENSE_FORWARD_PLANS[key] = plan
     return plan
 
 
