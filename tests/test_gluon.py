@@ -110,6 +110,60 @@ def test_the_gluon_kernels_are_never_taken_off_hopper(monkeypatch):
     assert not hopper.eligible(q, q, q, q, Band(None, 0), **plain, backward=True, grads=(q, q, q, q))
 
 
+def test_eligible_answers_each_condition_on_its_own(monkeypatch):
+    # hopper.eligible as on an H200 (its device check passed): yes for a plain call the kernels
+    # cover, no for each single thing they do not. The GPU tests run the kernels it picks; this
+    # pins each answer down on the CPU, for whoever makes the question cheaper.
+    monkeypatch.setattr(hopper, "_device_runs_them", lambda q: True)
+    monkeypatch.setattr(hopper, "_FAILED", set())
+    monkeypatch.setenv("FLASHTILE_GLUON", "auto")
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "auto")
+    monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH, raising=False)
+    plain = dict(softcap=0.0, alibi_slopes=None, bias=None, dropout_p=0.0, varlen=None, block_mask=None,
+                 score_mod=None)
+
+    def tensors(head_dim=128, seqlen=1024, dtype=torch.bfloat16):
+        q, k, v, out = (torch.empty(2, 4, seqlen, head_dim, dtype=dtype) for _ in range(4))
+        return q, k, v, out
+
+    def eligible(q, k, v, out, band=Band(None, 0), backward=False, grads=(), **options):
+        return hopper.eligible(q, k, v, out, band, **{**plain, **options}, backward=backward, grads=grads)
+
+    q, k, v, out = tensors()
+    assert eligible(q, k, v, out) and eligible(q, k, v, out, Band(None, None))
+    assert eligible(q, k, v, out, backward=True, grads=(out, q, k, v))
+    # options the kernels do not run
+    for option in (dict(softcap=5.0), dict(alibi_slopes=torch.ones(4)), dict(bias=torch.zeros(1)),
+                   dict(dropout_p=0.1), dict(varlen=object()), dict(score_mod=object())):
+        assert not eligible(q, k, v, out, **option), option
+    assert not eligible(q, k, v, out, Band(8, 0)) and not eligible(q, k, v, out, Band(None, 3))
+    # element types: one per kernel, bf16 or fp16
+    assert eligible(*tensors(dtype=torch.float16))
+    assert not eligible(*tensors(dtype=torch.float32))
+    assert not eligible(q, k.half(), v, out)
+    assert not eligible(q, k, v, out, backward=True, grads=(out.half(), q, k, v))
+    # head dims up to 256; under auto where measured faster (d64's forward from 4k keys only)
+    assert not eligible(*tensors(head_dim=264))
+    assert not eligible(*tensors(head_dim=64)) and eligible(*tensors(head_dim=64, seqlen=4096))
+    assert eligible(*tensors(head_dim=64), backward=True)
+    monkeypatch.setenv("FLASHTILE_GLUON", "1")
+    assert eligible(*tensors(head_dim=64)) and eligible(*tensors(head_dim=80))
+    monkeypatch.setenv("FLASHTILE_GLUON", "0")
+    assert not eligible(q, k, v, out) and eligible(q, k, v, out, backward=True)
+    monkeypatch.setenv("FLASHTILE_GLUON", "auto")
+    # what TMA cannot address: a start off 16 bytes, a stride that is not, a strided last dim
+    shifted = torch.empty(2 * 4 * 1024 * 128 + 1, dtype=torch.bfloat16)[1:].view(2, 4, 1024, 128)
+    assert shifted.data_ptr() % 16 != 0 and not eligible(shifted, k, v, out)
+    odd_rows = torch.empty(2, 4, 1024, 132, dtype=torch.bfloat16)[..., :128]  # rows of 264 bytes
+    assert eligible(odd_rows.contiguous(), k, v, out) and not eligible(odd_rows, k, v, out)
+    assert not eligible(q, k, v, torch.empty(2, 4, 128, 1024, dtype=torch.bfloat16).transpose(2, 3))
+    assert not eligible(q, k, v, out, backward=True, grads=(out, q, k, shifted))
+    # empty tensors, and a kernel that failed to build here
+    assert not eligible(*tensors(seqlen=0))
+    hopper._FAILED.add(hopper._failure_key(False, q, causal=True))
+    assert not eligible(q, k, v, out) and eligible(q, k, v, out, Band(None, None))
+
+
 def test_a_gluon_kernel_that_fails_to_build_falls_back_to_triton_once_with_a_warning(monkeypatch):
     # A Triton whose Gluon moved (or a ptxas error) must not break attention under auto: the
     # call runs the Triton kernels, one warning names the error, the kernel is not retried.
