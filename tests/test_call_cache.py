@@ -127,9 +127,10 @@ def test_the_backend_switch_is_read_on_every_call(checks, monkeypatch):
     (dict(softmax_scale=1), dict(softmax_scale=True), TypeError),
     (dict(softcap=0), dict(softcap=False), ValueError),
     (dict(dropout_p=0), dict(dropout_p=False), ValueError),
+    (dict(dropout_p=0.0), dict(dropout_p=torch.zeros(2)), ValueError),
     (dict(window_size=(1, -1)), dict(window_size=(True, -1)), ValueError),
     (dict(deterministic=True), dict(deterministic=1), TypeError),
-], ids=["scale", "softcap", "dropout", "window", "deterministic"])
+], ids=["scale", "softcap", "dropout", "dropout-tensor", "window", "deterministic"])
 def test_bad_input_equal_to_a_remembered_call_still_raises(good, bad, error):
     # True == 1 and hash(True) == hash(1): the key holds each option's type as well
     q, k, v = make_qkv(1, 6, 6, 2, 2, 16, requires_grad=False)

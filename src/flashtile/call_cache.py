@@ -52,7 +52,9 @@ def plain_key(q, k, v, layout, causal, window_size, softmax_scale, softcap, drop
         return None
     # causal only as a bool: the checks read it by its truth, which a tensor or an array given as causal
     # can change after a call (and which may not hash)
-    if type(causal) is not bool or type(window_size) is not tuple or len(window_size) != 2 or dropout_p != 0:
+    if type(causal) is not bool or type(window_size) is not tuple or len(window_size) != 2:
+        return None
+    if type(dropout_p) not in (float, int) or dropout_p != 0:  # (a tensor's != would be a tensor)
         return None
     left, right = window_size
     return (
@@ -60,7 +62,7 @@ def plain_key(q, k, v, layout, causal, window_size, softmax_scale, softcap, drop
         k.shape, k.stride(), k.dtype, k.device, k.requires_grad,
         v.shape, v.stride(), v.dtype, v.device, v.requires_grad,
         layout, causal, left, type(left), right, type(right), softmax_scale, type(softmax_scale),
-        softcap, type(softcap), type(dropout_p), deterministic, type(deterministic), torch.is_grad_enabled(),
+        softcap, type(softcap), deterministic, type(deterministic), torch.is_grad_enabled(),
         # what select_backend reads (TRITON_INTERPRET only for tensors off the GPU: ~0.7 µs a read)
         os.environ.get("FLASHTILE_BACKEND"), None if q.is_cuda else os.environ.get("TRITON_INTERPRET"),
     )
