@@ -41,8 +41,8 @@
 #                                        # backward's GPU tests with it on, then probes/backward_ab.py 0 vs 1; ~450 s
 #   bash benchmarks/gpu_final.sh tree-ab    # flashtile bench's 1k causal cells (d128, d256) of OLD_SRC and this tree,
 #                                        # alternating twice, FA2 beside: host-bound cells across trees; ~200 s
-#   bash benchmarks/gpu_final.sh fwd3       # attempt 48: the d64 forward on three consumer warpgroups: its GPU
-#                                        # tests, probes/fwd_consumers.py, the d64 forward bench; ~400 s
+#   bash benchmarks/gpu_final.sh fwd3       # attempts 48 and 60: the d64 forward on three consumer warpgroups: its GPU
+#                                        # tests, probes/fwd_consumers.py, the d64 forward bench; ~480 s
 #   bash benchmarks/gpu_final.sh targets    # the d128 16k cells of the cuDNN target, flashtile beside cuDNN, FA2
 #                                        # and Flex, as medians of 5 interleaved rounds (flashtile bench --rounds);
 #                                        # ~150 s
@@ -367,13 +367,14 @@ case ${1:-tests} in
     done
     grep -E "^== |│ *(128|256) " "$OUT/tree-ab.log"; cat "$OUT/times.txt" ;;
   fwd3)
-    # Attempt 48 (session 19; session 20: 0.91-0.98x two consumers): the d64 forward on three consumer warpgroups
+    # Attempts 48 (session 19; session 20: 0.91-0.98x two consumers) and 60 (session 23: 128-key
+    # tiles, each tile's products in turn): the d64 forward on three consumer warpgroups
     # (FLASHTILE_GLUON_FWD_CONSUMERS=3). Its GPU tests and the two-consumer forward grid they sit
     # beside, then probes/fwd_consumers.py (each variant against the oracle, then CUDA-graph
     # TFLOP/s against two consumers), then flashtile bench's d64 forward with three consumers
-    # forced beside cuDNN and FA2; ~400 s.
+    # forced beside cuDNN and FA2; ~480 s.
     gluon_tests tests-fwd3.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu -k "three_consumers or forward_grid"
-    step timeout 150 python3 benchmarks/probes/fwd_consumers.py > "$OUT/fwd-consumers.log" 2>&1
+    step timeout 240 python3 benchmarks/probes/fwd_consumers.py > "$OUT/fwd-consumers.log" 2>&1
     step env FLASHTILE_GLUON=1 FLASHTILE_GLUON_FWD_CONSUMERS=3 timeout 90 python3 -m flashtile bench --headdims 64 \
       --seqlens 1k 4k 16k --modes fwd --providers flashtile sdpa-cudnn sdpa-flash --json "$OUT/bench-fwd3.json" \
       > "$OUT/bench-fwd3.log" 2>&1

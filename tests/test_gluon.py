@@ -709,6 +709,8 @@ def test_a_repeated_forward_launches_from_its_plan_with_the_new_tensors(monkeypa
     assert (call()[2]["BLOCK_N"], call()[2]["NUM_STAGES"]) == (64, 4)
     monkeypatch.setattr(hopper, "CAUSAL_L2_BYTES", 0)
     assert call()[1][7] == 1  # heads per group: the plain order
+    monkeypatch.setitem(hopper.FORWARD_OVERLAP, 2, False)
+    assert call()[2]["OVERLAP"] is False  # each tile's products in turn (a probe's variant)
     # Where Triton's descriptors could not be copied (no template), each call builds its own.
     monkeypatch.setattr(hopper, "_tile_template", lambda t, rows, width: None)
     assert call(scale=0.5) == call(scale=0.5)
@@ -750,12 +752,13 @@ def test_three_consumers_launch_192_row_tiles_in_64_row_parts(monkeypatch, head_
     width = hopper.kernel_head_dim(head_dim)
     q_desc, k_desc, v_desc, o_desc = args[:4]
     assert q_desc.block_shape == o_desc.block_shape == [1, 1, 64, width]
-    if width == 64:  # three consumers of 64 rows, on their own K/V tiles
+    if width == 64:  # three consumers of 64 rows, on their own K/V tiles, each tile's products in turn
         assert constexprs["CONSUMERS"] == 3 and constexprs["BLOCK_M"] == 192
         assert (constexprs["BLOCK_N"], constexprs["NUM_STAGES"]) == hopper.FORWARD_THREE_CONSUMER_TILES
         assert constexprs["CONSUMER_REGS"] == hopper.FORWARD_CONSUMER_REGS[3]
-    else:  # other head dims keep two (and the launch as before: no CONSUMERS argument)
-        assert "CONSUMERS" not in constexprs and constexprs["BLOCK_M"] == 128
+        assert constexprs["OVERLAP"] is False and hopper.FORWARD_OVERLAP[3] is False
+    else:  # other head dims keep two (and the launch as before: no CONSUMERS or OVERLAP argument)
+        assert "CONSUMERS" not in constexprs and "OVERLAP" not in constexprs and constexprs["BLOCK_M"] == 128
     assert k_desc.block_shape == v_desc.block_shape == [1, 1, constexprs["BLOCK_N"], width]
     assert grid == (triton.cdiv(500, constexprs["BLOCK_M"]) * 2 * 6,)
 

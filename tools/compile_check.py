@@ -179,15 +179,21 @@ def gluon_variants(quick: bool):
         yield (f"gluon fwd d={d} {'causal' if causal else 'full'} {dtype} s{stages}", gluon_fwd._fwd_pingpong_kernel,
                dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal, DTYPE=dtype,
                     Q_ROWS=64, KV_ROWS=block_n, **regs), 4)
-    # Three consumer warpgroups of 64 rows at d64 (FLASHTILE_GLUON_FWD_CONSUMERS=3): 192-row tiles
-    # (none in a tree from before them, which sass_compare.py may be dumping).
+    # Three consumer warpgroups of 64 rows at d64 (FLASHTILE_GLUON_FWD_CONSUMERS=3): 192-row tiles,
+    # each tile's products in the order FORWARD_OVERLAP says (none in a tree from before them, which
+    # sass_compare.py may be dumping).
     block_n, stages = getattr(hopper, "FORWARD_THREE_CONSUMER_TILES", (None, None))
+    overlap = getattr(hopper, "FORWARD_OVERLAP", {}).get(3, True)
     for causal, dtype in [] if block_n is None else [(True, "bf16")] if quick else [
             (False, "bf16"), (True, "bf16"), (True, "fp16")]:
         yield (f"gluon fwd3 d=64 {'causal' if causal else 'full'} {dtype} s{stages}", gluon_fwd._fwd_pingpong_kernel,
                dict(HEAD_DIM=64, BLOCK_M=192, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal, DTYPE=dtype,
-                    Q_ROWS=64, KV_ROWS=block_n, CONSUMERS=3, LOADER_REGS=24,
+                    Q_ROWS=64, KV_ROWS=block_n, CONSUMERS=3, OVERLAP=overlap, LOADER_REGS=24,
                     CONSUMER_REGS=hopper.FORWARD_CONSUMER_REGS[3]), 4)
+    if not quick:  # two consumers with each tile's products in turn (a probe's variant, attempt 60)
+        yield ("gluon fwd d=64 causal bf16 s2 in turn", gluon_fwd._fwd_pingpong_kernel,
+               dict(HEAD_DIM=64, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, CAUSAL=True, DTYPE="bf16", Q_ROWS=64,
+                    KV_ROWS=128, OVERLAP=False, **regs), 4)
     yield from listed_variants(gluon_fwd, quick, regs)
     for d, causal, dtype in [(128, True, "bf16")] if quick else [(128, False, "bf16"), (128, True, "fp16"),
                                                                     (64, True, "bf16")]:

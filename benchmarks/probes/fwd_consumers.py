@@ -1,19 +1,20 @@
-"""The d64 Gluon forward on three consumer warpgroups against two (attempt 48): checked, then timed.
+"""The d64 Gluon forward on three consumer warpgroups against two (attempts 48 and 60): checked, then timed.
 
     python benchmarks/probes/fwd_consumers.py [--seqlens 1024 4096 16384] [--rounds 3]
 
 FLASHTILE_GLUON_FWD_CONSUMERS=3 runs gluon_fwd._fwd_pingpong_kernel at kernel head dim 64 with
 three 64-row consumer warpgroups (192-row Q tiles), as FlashAttention-3's d64 forward does;
 written in session 19; session 20 ran this probe (0.91-0.98x two consumers with 64-key tiles,
-0.56-0.61x with 128-key ones; benchmarks/results/2026-12-01-h200-session20). On an H200:
+0.56-0.61x with 128-key ones, which spilled; benchmarks/results/2026-12-01-h200-session20).
+Session 23 added each tile's two products in turn (``OVERLAP`` off, hopper.FORWARD_OVERLAP):
+128-key tiles then compile without a spill (attempt 60). On an H200:
 
-1. each three-consumer variant against the float64 oracle (odd lengths, q != k, GQA, causal
-   and not): the largest error and the tolerance rule's bound (flashtile.testing);
+1. each variant that is not the default against the float64 oracle (odd lengths, q != k, GQA,
+   causal and not): the largest error and the tolerance rule's bound (flashtile.testing);
 2. the forward alone, CUDA graphs of ``hopper.forward`` (no host time), B·N = 16k tokens and
-   H = 2048 / 64 = 32 heads, bf16, causal and not: two consumers (the config's tiles) and the
-   three-consumer variants of VARIANTS (64- or 128-key tiles, 2 or 3 stages, 160 registers a
-   worker consumer, 168 the default partition; the 128-key ones spill 200-370 bytes on the sm_90
-   compile), each the median of
+   H = 2048 / 64 = 32 heads, bf16, causal and not: two consumers as under ``auto`` and the
+   VARIANTS (consumers; for three, BLOCK_N, stages and a worker consumer's registers, the default
+   partition getting 8 more; the products overlapped or in turn), each the median of
    ``--rounds`` interleaved rounds. TFLOP/s = 4·B·H·N²·d / t, halved when causal.
 
 Prints a table of TFLOP/s and each variant over two consumers.
@@ -35,43 +36,55 @@ from flashtile.testing import assert_close_to_oracle
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from timing import graph_ms  # noqa: E402
 
-# (BLOCK_N, NUM_STAGES, consumer registers) of the three-consumer kernel
-VARIANTS = [(64, 3, 160), (64, 2, 160), (128, 2, 160)]
+# (consumers, (BLOCK_N, NUM_STAGES, consumer registers) of three or None, products overlapped)
+VARIANTS = [(2, None, False), (3, (64, 3, 160), True), (3, (128, 2, 160), False), (3, (128, 3, 160), False),
+            (3, (128, 2, 160), True)]
 
 
-def run_forward(q, k, v, causal: bool, consumers: int, variant=None):
-    """hopper.forward on (B, H, S, D) tensors with ``consumers`` warpgroups (and the
-    three-consumer ``variant``); returns (out, lse)."""
+def variant_name(variant) -> str:
+    consumers, tiles, overlap = variant
+    return f"{'two' if consumers == 2 else 'three'}{'' if tiles is None else ' ' + str(tiles)}" + \
+        (" overlap" if overlap else " in turn")
+
+
+def run_forward(q, k, v, causal: bool, variant=None):
+    """hopper.forward on (B, H, S, D) tensors as ``variant`` says (None: two consumers as under
+    auto); returns (out, lse)."""
     out = torch.empty_like(q)
-    with _consumers(consumers, variant):
+    with _variant(variant):
         lse = hopper.forward(q, k, v, out, q.shape[-1] ** -0.5, causal)
     return out, lse
 
 
-class _consumers:
-    """FLASHTILE_GLUON_FWD_CONSUMERS and the three-consumer tiles and registers, for a block."""
+class _variant:
+    """FLASHTILE_GLUON_FWD_CONSUMERS, the three-consumer tiles and registers and the order of the
+    products (hopper.FORWARD_OVERLAP) of a VARIANTS entry, for a block (None: two consumers, the
+    products overlapped, as under auto)."""
 
-    def __init__(self, consumers: int, variant):
-        self.consumers, self.variant = consumers, variant
+    def __init__(self, variant):
+        self.variant = (2, None, True) if variant is None else variant
 
     def __enter__(self):
         self.saved = (os.environ.get(hopper.FORWARD_CONSUMERS_SWITCH), hopper.FORWARD_THREE_CONSUMER_TILES,
-                      dict(hopper.FORWARD_CONSUMER_REGS))
-        os.environ[hopper.FORWARD_CONSUMERS_SWITCH] = str(self.consumers)
-        if self.variant is not None:
-            block_n, stages, regs = self.variant
+                      dict(hopper.FORWARD_CONSUMER_REGS), dict(hopper.FORWARD_OVERLAP))
+        consumers, tiles, overlap = self.variant
+        os.environ[hopper.FORWARD_CONSUMERS_SWITCH] = str(consumers)
+        if tiles is not None:
+            block_n, stages, regs = tiles
             hopper.FORWARD_THREE_CONSUMER_TILES = (block_n, stages)
             hopper.FORWARD_CONSUMER_REGS[3] = regs
+        hopper.FORWARD_OVERLAP[consumers] = overlap
 
     def __exit__(self, *exc):
-        switch, tiles, regs = self.saved
+        switch, tiles, regs, overlap = self.saved
         if switch is None:
             os.environ.pop(hopper.FORWARD_CONSUMERS_SWITCH, None)
         else:
             os.environ[hopper.FORWARD_CONSUMERS_SWITCH] = switch
         hopper.FORWARD_THREE_CONSUMER_TILES = tiles
-        hopper.FORWARD_CONSUMER_REGS.clear()
-        hopper.FORWARD_CONSUMER_REGS.update(regs)
+        for table, saved in ((hopper.FORWARD_CONSUMER_REGS, regs), (hopper.FORWARD_OVERLAP, overlap)):
+            table.clear()
+            table.update(saved)
 
 
 def check(variant) -> str:
@@ -82,7 +95,7 @@ def check(variant) -> str:
     for batch, sq, sk, hq, hkv, causal in cases:
         q = torch.randn(batch, hq, sq, 64, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(batch, hkv, sk, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        out, lse = run_forward(q, k, v, causal, 3, variant)
+        out, lse = run_forward(q, k, v, causal, variant)
         oracle, oracle_lse = naive_attention(q, k, v, causal=causal, layout="bhsd", upcast=True, return_lse=True)
         baseline, baseline_lse = naive_attention(q, k, v, causal=causal, layout="bhsd", upcast=False,
                                                  return_lse=True)
@@ -105,10 +118,11 @@ def main() -> None:
             verdict = check(variant)
         except Exception as error:  # noqa: BLE001 - a variant that does not build: report, go on
             verdict = f"ERROR {type(error).__name__}: {str(error).splitlines()[0][:100]}"
-        print(f"three consumers {variant} (BLOCK_N, stages, registers) against the oracle: {verdict}", flush=True)
-    names = ["two"] + [f"three {v}" for v in VARIANTS]
+        print(f"{variant_name(variant)} (three: BLOCK_N, stages, registers) against the oracle: {verdict}",
+              flush=True)
+    names = ["two"] + [variant_name(v) for v in VARIANTS]
     print(f"\nforward TFLOP/s, CUDA graphs, d64, 16k tokens, 32 heads, bf16; median of {args.rounds} rounds")
-    print(f"{'causal':>6} {'N':>6} | " + " | ".join(f"{name:>20}" for name in names))
+    print(f"{'causal':>6} {'N':>6} | " + " | ".join(f"{name:>28}" for name in names))
     for causal in (False, True):
         for seqlen in args.seqlens:
             batch, heads = max(16384 // seqlen, 1), 32
@@ -116,9 +130,9 @@ def main() -> None:
             flops = 4 * batch * heads * seqlen * seqlen * 64 / (2 if causal else 1)
             times = {name: [] for name in names}
             for _ in range(args.rounds):
-                for name, consumers, variant in [("two", 2, None)] + [(f"three {v}", 3, v) for v in VARIANTS]:
+                for name, variant in [("two", None)] + [(variant_name(v), v) for v in VARIANTS]:
                     try:
-                        with _consumers(consumers, variant):
+                        with _variant(variant):
                             out = torch.empty_like(q)
                             times[name].append(graph_ms(
                                 lambda: hopper.forward(q, k, v, out, 0.125, causal)))
@@ -128,7 +142,7 @@ def main() -> None:
             # (a variant that failed in any round reads nan)
             rates = {name: flops / statistics.median(t) * 1e-9 if all(x == x for x in t) else float("nan")
                      for name, t in times.items()}
-            cells = [f"{rates['two']:20.0f}"] + [f"{rates[n]:9.0f} ({rates[n] / rates['two']:5.2f}x) "
+            cells = [f"{rates['two']:28.0f}"] + [f"{rates[n]:18.0f} ({rates[n] / rates['two']:5.2f}x) "
                                                   for n in names[1:]]
             print(f"{'yes' if causal else 'no':>6} {seqlen:>6} | " + " | ".join(cells), flush=True)
 

@@ -11,17 +11,19 @@ schedule out, as FlashAttention-3 does, in Triton's Gluon dialect:
   S = Q Kᵀ and O += P V with wgmma, P fed from registers, and runs the online softmax.
   Being separate partitions, they only meet at the "empty" barriers, so one's softmax
   overlaps the other's matmuls (measured: attempt 26 in docs/performance.md). With
-  CONSUMERS = 3 (d64, FLASHTILE_GLUON_FWD_CONSUMERS=3; 0.91-0.98x two consumers on the
-  H200, so off under auto) three of them share a 192-row tile.
+  CONSUMERS = 3 (d64, FLASHTILE_GLUON_FWD_CONSUMERS=3; with 64-key tiles 0.91-0.98x two
+  consumers on the H200, so off under auto; 128-key tiles in turn not yet timed) three of
+  them share a 192-row tile.
 
 Tiles travel through 4-D tensor descriptors of the (B, H, S, D) views, so any strides
 TMA can address work (bshd or bhsd), rows past a sequence's end arrive as zeros and the
 output's TMA store stops at its edge. Within a warpgroup, S of tile j+1 is issued before
-O += P_j V_j as FlashAttention-3 orders them, but ptxas moves the wait for that product
+O += P_j V_j as FlashAttention-3 orders them (OVERLAP), but ptxas moves the wait for that product
 ahead of the exponentials (sm_90 SASS, triton 3.6 and 3.9), so the overlap comes from the
-other warpgroup. The layout conversions (alpha and 1/l to the output's rows, P to wgmma's
-operand layout) are asserted to move no data: shared memory is nearly full at d128 with 3
-stages, and a conversion through it would not fit.
+other warpgroup; three consumers run the two products in turn, which keeps S, P and O from being
+live at once and so 128-key tiles within 160 registers. The layout conversions (alpha and 1/l
+to the output's rows, P to wgmma's operand layout) are asserted to move no data: shared memory
+is nearly full at d128 with 3 stages, and a conversion through it would not fit.
 
 Covered: dense batches, bf16/fp16, head dims 64, 128 and 256, any lengths,
 causal (bottom-right aligned) or not, GQA. ``_fwd_listed_kernel`` runs the same partitions
@@ -81,30 +83,13 @@ def _softmax_update(s, m_i, l_i, qk_scale):
 
 
 @gluon.jit
-def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc,
-              LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, mask_buffer,
-              HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr):
-    """One warpgroup: rows [q_start + part·PART_M, +PART_M) of the Q tile, every K/V tile (or
-    under MASK_MOD the block mask's list: see hide_scores)."""
-    s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
-    o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    dtype: gl.constexpr = q_smem.dtype
-
-    first_row = q_start + part * PART_M
-    rows = first_row + gl.arange(0, PART_M, layout=s_rows)
-    shift = seqlen_k - seqlen_q
-    diagonal = first_row + shift
-    q_tile = q_smem.index(part).reshape([PART_M, HEAD_DIM])
-    m_i = gl.full([PART_M], -float("inf"), gl.float32, layout=s_rows)
-    l_i = gl.full([PART_M], 0.0, gl.float32, layout=s_rows)
-    acc = gl.zeros([PART_M, HEAD_DIM], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([PART_M, BLOCK_N], gl.float32, layout=s_layout)
-
-    mbarrier.wait(q_ready, 0)
+def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, rows, seqlen_q, seqlen_k, shift,
+                      diagonal, n_tiles, qk_scale, tiles, n_masked, batch, head, mask_buffer, m_i, l_i, acc, s_zero,
+                      s_layout: gl.constexpr, o_rows: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr,
+                      BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                      MASK_MOD: gl.constexpr):
+    """A consumer's K/V tiles in FlashAttention-3's order (_consumer's OVERLAP): returns O
+    (unnormalised), the running max and sum."""
     # Tile 0: S and its softmax (n_tiles >= 1 always: see the kernel).
     mbarrier.wait(k_ready.index(0), 0)
     s = warpgroup_mma(q_tile, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
@@ -140,6 +125,59 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     acc = warpgroup_mma(p_low, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
     acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
     mbarrier.arrive(v_empty.index(last), count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc,
+              LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, mask_buffer,
+              HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr, OVERLAP: gl.constexpr):
+    """One warpgroup: rows [q_start + part·PART_M, +PART_M) of the Q tile, every K/V tile (or
+    under MASK_MOD the block mask's list: see hide_scores). OVERLAP: S of tile j+1 issued before
+    O += P_j V_j (FlashAttention-3's order; S, P and O live at once); without it each tile's two
+    products run one after the other, S dead before O's product (fewer live registers)."""
+    s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
+    o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = q_smem.dtype
+
+    first_row = q_start + part * PART_M
+    rows = first_row + gl.arange(0, PART_M, layout=s_rows)
+    shift = seqlen_k - seqlen_q
+    diagonal = first_row + shift
+    q_tile = q_smem.index(part).reshape([PART_M, HEAD_DIM])
+    m_i = gl.full([PART_M], -float("inf"), gl.float32, layout=s_rows)
+    l_i = gl.full([PART_M], 0.0, gl.float32, layout=s_rows)
+    acc = gl.zeros([PART_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([PART_M, BLOCK_N], gl.float32, layout=s_layout)
+
+    mbarrier.wait(q_ready, 0)
+    if OVERLAP:
+        acc, m_i, l_i = _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, rows, seqlen_q,
+                                          seqlen_k, shift, diagonal, n_tiles, qk_scale, tiles, n_masked, batch, head,
+                                          mask_buffer, m_i, l_i, acc, s_zero, s_layout, o_rows, p_layout, dtype,
+                                          BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASK_MOD)
+    else:
+        for j in range(n_tiles):
+            slot = j % NUM_STAGES
+            phase = (j // NUM_STAGES) & 1
+            mbarrier.wait(k_ready.index(slot), phase)
+            s = warpgroup_mma(q_tile, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s, ))
+            mbarrier.arrive(k_empty.index(slot), count=1)
+            s = hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles,
+                             n_masked, batch, head, mask_buffer, MASK_MOD)
+            p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
+            acc = acc * gl.convert_layout(alpha, o_rows, assert_trivial=True)[:, None]
+            p_low = gl.convert_layout(p.to(dtype), p_layout, assert_trivial=True)
+            mbarrier.wait(v_ready.index(slot), phase)
+            acc = warpgroup_mma(p_low, v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
+            mbarrier.arrive(v_empty.index(slot), count=1)
 
     # Epilogue: rows that saw no key (l = 0) give O = 0 and LSE = -inf, as fwd.py does.
     empty = l_i == 0.0
@@ -173,7 +211,7 @@ def _fwd_pingpong_kernel(
     num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-    CONSUMERS: gl.constexpr = 2,
+    CONSUMERS: gl.constexpr = 2, OVERLAP: gl.constexpr = True,
 ):
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
@@ -184,7 +222,8 @@ def _fwd_pingpong_kernel(
     (B, Hkv, Sk, D) with (1, 1, BLOCK_N, D). CONSUMERS: 2 warpgroups of BLOCK_M / 2 rows, or 3
     (FlashAttention-3's d64 forward: 192-row tiles, more work in flight per K/V tile; the CTA
     padded to 16 warps, the workers' CONSUMER_REGS and the default partition's share of the 64K
-    register file: 160 and 168).
+    register file: 160 and 168). OVERLAP: each consumer's products in FlashAttention-3's order
+    (True) or one tile's after the other (False; see _consumer).
     """
     gl.static_assert(num_warps == 4)
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3)
@@ -206,10 +245,10 @@ def _fwd_pingpong_kernel(
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP)),
             (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -217,13 +256,13 @@ def _fwd_pingpong_kernel(
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP)),
             (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP)),
             (_consumer, (2, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
@@ -266,10 +305,10 @@ def _fwd_listed_kernel(
     gl.warp_specialize([
         (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
                      head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, MaskBuf, HEAD_DIM, PART_M,
-                     BLOCK_N, NUM_STAGES, False, MASK_MOD)),
+                     BLOCK_N, NUM_STAGES, False, MASK_MOD, True)),
         (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
                      head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, MaskBuf, HEAD_DIM, PART_M,
-                     BLOCK_N, NUM_STAGES, False, MASK_MOD)),
+                     BLOCK_N, NUM_STAGES, False, MASK_MOD, True)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, batch,
                    head, head // group_size, q_start, n_tiles, tiles, PART_M, BLOCK_N, NUM_STAGES, 2)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

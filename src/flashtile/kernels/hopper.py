@@ -565,12 +565,20 @@ def causal_heads_per_group(causal: bool, rows: int, seqlen: int, head_dim: int, 
 # probes/fwd_consumers.py), 2, or 3 (kernel head dim 64 only; others keep two).
 FORWARD_CONSUMERS_SWITCH = "FLASHTILE_GLUON_FWD_CONSUMERS"
 FORWARD_CONSUMER_REGS = {2: 240, 3: 160}
-# The three consumers' (BLOCK_N, NUM_STAGES): 64-key tiles, because with 128 the consumer's S of
-# the next tile, P of this one and O (64 + 32 + 32 registers a thread) spill at 160 registers
-# (sm_90 compile, Triton 3.6 and 3.9: 200-370 bytes of stack; 120-128 at 168), and ran 0.56-0.61x
-# two consumers on the H200 (session 20), where 64-key tiles ran 0.92-0.98x in 3 stages and
-# 0.91-0.96x in 2.
-FORWARD_THREE_CONSUMER_TILES = (64, 3)
+# The three consumers' (BLOCK_N, NUM_STAGES): FlashAttention-3's 128-key tiles, in 2 stages (88 KiB
+# of shared memory). In FlashAttention-3's order (S of the next tile issued before this tile's P V)
+# the consumer's S, P and O (64 + 32 + 32 registers a thread) spill at 160 registers (sm_90
+# compile, Triton 3.6 and 3.9: 200-370 bytes of stack; 120-128 at 168) and ran 0.56-0.61x two
+# consumers on the H200 (session 20), where 64-key tiles ran 0.92-0.98x in 3 stages and 0.91-0.96x
+# in 2. So three consumers run each tile's products one after the other (FORWARD_OVERLAP): S is
+# dead before O's product, and 128-key tiles compile without a spill (stack 0 at 160 registers,
+# Triton 3.9; attempt 60, written in session 23 after its device time: not yet timed).
+FORWARD_THREE_CONSUMER_TILES = (128, 2)
+# Whether a consumer issues S of tile j+1 before O += P_j V_j (gluon_fwd._consumer's OVERLAP), by
+# the count of consumers: two keep FlashAttention-3's order (every measurement since session 9);
+# three do not (above). ptxas puts the wait for S ahead of the exponentials either way (the
+# kernel's docstring), so the overlap a warpgroup gets is mostly the other warpgroups'.
+FORWARD_OVERLAP = {2: True, 3: False}
 
 
 def forward_consumers(head_dim: int) -> int:
@@ -619,9 +627,10 @@ class _DenseForwardPlan(NamedTuple):
 
 # Dense forward plans by what they are worked out from: the shapes, strides and dtype, the scale,
 # causal, the consumers, and the module settings a probe or test swaps (the tiles, the three
-# consumers' tiles and registers, the causal L2 budget and its rule), so that a swap gets a new
-# plan, not a stale one. A repeat finds its plan instead of working out the tiles, the grid and
-# four descriptors' keys again: 13.9 -> 9.0 µs of this forward on a fast CPU (session 23).
+# consumers' tiles and registers, the order of the products, the causal L2 budget and its rule),
+# so that a swap gets a new plan, not a stale one. A repeat finds its plan instead of working out
+# the tiles, the grid and four descriptors' keys again: 13.9 -> 9.0 µs of this forward on a fast
+# CPU (session 23).
 _DENSE_FORWARD_PLANS: dict = {}
 _PLANS_MAX = 256
 
@@ -630,9 +639,10 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
                         consumers: int) -> _DenseForwardPlan:
     """The plan of forward()'s dense launch for these tensors (q/out (B, Hq, Sq, D), k/v (B, Hkv,
     Sk, D), one dtype), made on the first call of its kind."""
+    overlap = FORWARD_OVERLAP.get(consumers, True)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
-           consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_CONSUMER_REGS.get(consumers), CAUSAL_L2_BYTES,
-           causal_heads_per_group)
+           consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_CONSUMER_REGS.get(consumers), overlap,
+           CAUSAL_L2_BYTES, causal_heads_per_group)
     plan = _DENSE_FORWARD_PLANS.get(key)
     if plan is not None:
         return plan
@@ -647,9 +657,11 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
                                              shared_by=group)
     rows = (part_m, block_n, block_n, part_m)
     templates = tuple(_tile_template(t, r, head_dim) for t, r in zip((q, k, v, out), rows))
-    # (CONSUMERS passed only when it is not the kernel's default: the two-consumer launch's
-    # arguments, and so its fast_launch key, stay as they were)
+    # (CONSUMERS and OVERLAP passed only when they are not the kernel's defaults: the two-consumer
+    # launch's arguments, and so its fast_launch key, stay as they were)
     extra = {} if consumers == 2 else {"CONSUMERS": consumers}
+    if not overlap:
+        extra["OVERLAP"] = False
     plan = _DenseForwardPlan(
         grid=(num_m_blocks * batch * heads_q,), rows=rows,
         templates=None if any(template is None for template in templates) else templates,
