@@ -572,12 +572,13 @@ FORWARD_CONSUMER_REGS = {2: 240, 3: 160}
 # consumers on the H200 (session 20), where 64-key tiles ran 0.92-0.98x in 3 stages and 0.91-0.96x
 # in 2. So three consumers run each tile's products one after the other (FORWARD_OVERLAP): S is
 # dead before O's product, and 128-key tiles compile without a spill (stack 0 at 160 registers,
-# Triton 3.9; attempt 60, written in session 23 after its device time: not yet timed).
+# Triton 3.6 and 3.9; attempt 60, written in session 23 after its device time: not yet timed).
 FORWARD_THREE_CONSUMER_TILES = (128, 2)
 # Whether a consumer issues S of tile j+1 before O += P_j V_j (gluon_fwd._consumer's OVERLAP), by
 # the count of consumers: two keep FlashAttention-3's order (every measurement since session 9);
-# three do not (above). ptxas puts the wait for S ahead of the exponentials either way (the
-# kernel's docstring), so the overlap a warpgroup gets is mostly the other warpgroups'.
+# three do not (above). In the first order S_j and P_{j-1} V_{j-1} are in flight together, though
+# ptxas waits for both before the exponentials (the kernel's docstring); in turn, a warpgroup's
+# two product latencies add up, which the other warpgroups' products have to cover.
 FORWARD_OVERLAP = {2: True, 3: False}
 
 
