@@ -8,9 +8,7 @@ import torch
 import flashtile
 from flashtile import api, call_cache
 
-from flashtile.testing import assert_close_to_oracle
-
-from helpers import check_against_oracle, make_qkv
+from helpers import assert_grads_match_oracle, check_against_oracle, make_qkv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels: on the GPU, or in Triton's interpreter
 
@@ -57,16 +55,7 @@ def test_the_kernels_answer_a_remembered_call_as_a_checked_one(checks, monkeypat
     first, (out, grads) = step(), step()
     assert len(checks) == 1
     assert torch.equal(first[0], out)  # the forward's kernels add in a fixed order
-
-    def reference(upcast):
-        q_, k_, v_ = (t.detach().clone().requires_grad_() for t in (q, k, v))
-        o = flashtile.naive_attention(q_, k_, v_, upcast=upcast, causal=causal)
-        return o, torch.autograd.grad(o, (q_, k_, v_), dout.to(o.dtype))
-
-    (oracle_out, oracle_grads), (pt_out, pt_grads) = reference(True), reference(False)
-    assert_close_to_oracle("out", out, oracle_out, pt_out)
-    for name, g, rg, pg in zip(("dq", "dk", "dv"), grads, oracle_grads, pt_grads):
-        assert_close_to_oracle(name, g, rg, pg, grad=True)
+    assert_grads_match_oracle(out, grads, q, k, v, dout, causal=causal)
 
 
 def test_a_hit_with_a_strided_last_dim_copies_as_the_checks_did(checks):
