@@ -83,6 +83,14 @@ def _softmax_update(s, m_i, l_i, qk_scale):
 
 
 @gluon.jit
+def _rescaled_with_operand(acc, alpha, p, o_rows: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr):
+    """O rescaled by the softmax step's alpha, and P in the inputs' dtype and wgmma's register-operand
+    layout: what O += P V takes. Both conversions are asserted to move no data."""
+    acc = acc * gl.convert_layout(alpha, o_rows, assert_trivial=True)[:, None]
+    return acc, gl.convert_layout(p.to(dtype), p_layout, assert_trivial=True)
+
+
+@gluon.jit
 def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, rows, seqlen_q, seqlen_k, shift,
                       diagonal, n_tiles, qk_scale, tiles, n_masked, batch, head, mask_buffer, m_i, l_i, acc, s_zero,
                       s_layout: gl.constexpr, o_rows: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr,
@@ -107,8 +115,7 @@ def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
         mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
         s = warpgroup_mma(q_tile, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                           use_acc=False, is_async=True)
-        acc = acc * gl.convert_layout(alpha, o_rows, assert_trivial=True)[:, None]
-        p_low = gl.convert_layout(p.to(dtype), p_layout, assert_trivial=True)
+        acc, p_low = _rescaled_with_operand(acc, alpha, p, o_rows, p_layout, dtype)
         mbarrier.wait(v_ready.index(previous), ((j - 1) // NUM_STAGES) & 1)
         acc = warpgroup_mma(p_low, v_smem.index(previous).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s, ))
@@ -119,8 +126,7 @@ def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
         acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
         mbarrier.arrive(v_empty.index(previous), count=1)
     last = (n_tiles - 1) % NUM_STAGES
-    acc = acc * gl.convert_layout(alpha, o_rows, assert_trivial=True)[:, None]
-    p_low = gl.convert_layout(p.to(dtype), p_layout, assert_trivial=True)
+    acc, p_low = _rescaled_with_operand(acc, alpha, p, o_rows, p_layout, dtype)
     mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // NUM_STAGES) & 1)
     acc = warpgroup_mma(p_low, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
     acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
@@ -172,8 +178,7 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
             s = hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles,
                              n_masked, batch, head, mask_buffer, MASK_MOD)
             p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
-            acc = acc * gl.convert_layout(alpha, o_rows, assert_trivial=True)[:, None]
-            p_low = gl.convert_layout(p.to(dtype), p_layout, assert_trivial=True)
+            acc, p_low = _rescaled_with_operand(acc, alpha, p, o_rows, p_layout, dtype)
             mbarrier.wait(v_ready.index(slot), phase)
             acc = warpgroup_mma(p_low, v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
             acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
