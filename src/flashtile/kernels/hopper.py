@@ -341,8 +341,7 @@ EXP_POLY_SWITCH = "FLASHTILE_GLUON_BWD_EXP_POLY"
 # shared memory. The row then holds 16 registers a thread across the wait at d128 (stack 8 -> 16
 # bytes, Triton 3.6), 32 at d64 (48 -> 128 bytes non-causal, 72 causal); under Triton 3.9 the
 # non-causal d128 build goes from 80 to 104 bytes (the causal one keeps none), not timed there.
-# On the H200
-# (probes/hoist_stats.py, kernels alone, medians of 5 rounds, against without it):
+# On the H200 (probes/hoist_stats.py, kernels alone, medians of 5 rounds, against without it):
 #     d128, session 21: 1.027 / 1.024x at 4k (non-causal / causal), 1.023 / 1.034x at 16k;
 #     d128, session 22: 1.028 / 1.019x at 1k, 1.021 / 1.010x at 4k, 1.015 / 1.020x at 16k;
 #     d64, session 22:  0.983 / 1.019x at 1k, 0.983 / 1.028x at 4k, 0.968 / 1.003x at 16k.
