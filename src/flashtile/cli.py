@@ -385,8 +385,7 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
                 ("FLASHTILE_GLUON_DQ_SWIZZLE",
                  "unset (128: the five-product backward's dQ staging swizzle in bytes; 0, 32, 64 measured slower)"),
                 ("FLASHTILE_GLUON_FWD_CONSUMERS",
-                 "unset (auto: two consumer warpgroups; 3: three at d64: 64-key tiles measured slower, "
-                 "128-key tiles in turn not yet timed)"),
+                 "unset (auto: three consumer warpgroups at d64, two elsewhere; 2: two everywhere)"),
                 ("FLASHTILE_GLUON_DQ_STATS",
                  "unset (auto: the dQ kernels write the backward's row stats up to 4k keys and under block masks, "
                  "a preprocess launch beyond; 1: always the dQ kernels)"))

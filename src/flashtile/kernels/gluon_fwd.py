@@ -11,9 +11,9 @@ schedule out, as FlashAttention-3 does, in Triton's Gluon dialect:
   S = Q Kᵀ and O += P V with wgmma, P fed from registers, and runs the online softmax.
   Being separate partitions, they only meet at the "empty" barriers, so one's softmax
   overlaps the other's matmuls (measured: attempt 26 in docs/performance.md). With
-  CONSUMERS = 3 (d64, FLASHTILE_GLUON_FWD_CONSUMERS=3; with 64-key tiles 0.91-0.98x two
-  consumers on the H200, so off under auto; 128-key tiles in turn not yet timed) three of
-  them share a 192-row tile.
+  CONSUMERS = 3 (d64 under auto; on 128-key tiles with each tile's products in turn,
+  1.03-1.11x two consumers on the H200 but for the causal 1k cell, 0.96x) three of them
+  share a 192-row tile.
 
 Tiles travel through 4-D tensor descriptors of the (B, H, S, D) views, so any strides
 TMA can address work (bshd or bhsd), rows past a sequence's end arrive as zeros and the

@@ -560,8 +560,11 @@ def causal_heads_per_group(causal: bool, rows: int, seqlen: int, head_dim: int, 
 # K/V tile, where d64's products are short). The CTA is then padded to 16 warps, and 128 threads ·
 # (default partition + 2 · CONSUMER_REGS + 24) registers must fit the 64K file: at 160 a thread
 # the default partition (the first consumer) gets 168; at 168 it would get 152.
-# FLASHTILE_GLUON_FWD_CONSUMERS: auto (two: three ran 0.91-0.98x two on the H200 in session 20,
-# probes/fwd_consumers.py), 2, or 3 (kernel head dim 64 only; others keep two).
+# FLASHTILE_GLUON_FWD_CONSUMERS: auto (three at kernel head dim 64, two elsewhere), 2, or 3 (kernel
+# head dim 64 only; others keep two). Three on 128-key tiles in turn ran 1.03 / 1.06 / 1.11x two
+# non-causal at 1k / 4k / 16k keys and 0.96 / 1.05 / 1.07x causal (H200, session 24,
+# probes/fwd_consumers.py, CUDA graphs); the causal 1k cell runs the Triton forward under auto
+# (measured_faster), so auto takes three wherever it runs the d64 Gluon forward.
 FORWARD_CONSUMERS_SWITCH = "FLASHTILE_GLUON_FWD_CONSUMERS"
 FORWARD_CONSUMER_REGS = {2: 240, 3: 160}
 # The three consumers' (BLOCK_N, NUM_STAGES): FlashAttention-3's 128-key tiles, in 2 stages (88 KiB
@@ -571,7 +574,7 @@ FORWARD_CONSUMER_REGS = {2: 240, 3: 160}
 # consumers on the H200 (session 20), where 64-key tiles ran 0.92-0.98x in 3 stages and 0.91-0.96x
 # in 2. So three consumers run each tile's products one after the other (FORWARD_OVERLAP): S is
 # dead before O's product, and 128-key tiles compile without a spill (stack 0 at 160 registers,
-# Triton 3.6 and 3.9; attempt 60, written in session 23 after its device time: not yet timed).
+# Triton 3.6 and 3.9; attempt 60). In 3 stages (120 KiB) they ran 0.98-1.02x 2 stages (session 24).
 FORWARD_THREE_CONSUMER_TILES = (128, 2)
 # Whether a consumer issues S of tile j+1 before O += P_j V_j (gluon_fwd._consumer's OVERLAP), by
 # the count of consumers: two keep FlashAttention-3's order (every measurement since session 9);
@@ -583,8 +586,8 @@ FORWARD_OVERLAP = {2: True, 3: False}
 
 def forward_consumers(head_dim: int) -> int:
     """The consumer warpgroups of the dense Gluon forward at kernel head dim ``head_dim``
-    (``FLASHTILE_GLUON_FWD_CONSUMERS``)."""
-    return 3 if choice(FORWARD_CONSUMERS_SWITCH, ("2", "3")) == "3" and head_dim == 64 else 2
+    (``FLASHTILE_GLUON_FWD_CONSUMERS``): three at 64 unless the switch says 2, two elsewhere."""
+    return 3 if choice(FORWARD_CONSUMERS_SWITCH, ("2", "3")) != "2" and head_dim == 64 else 2
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, softmax_scale: float,
