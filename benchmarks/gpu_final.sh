@@ -380,6 +380,19 @@ case ${1:-tests} in
       > "$OUT/bench-fwd3.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-fwd3.log"; grep -v "Warn\|warn" "$OUT/fwd-consumers.log"
     grep -A12 "fwd: TFLOP" "$OUT/bench-fwd3.log"; cat "$OUT/times.txt" ;;
+  persistent)
+    # Attempt 61 (session 24): the dense Gluon forward on persistent programs
+    # (FLASHTILE_GLUON_FWD_PERSISTENT=1). Its GPU tests, then probes/fwd_persistent.py (each head
+    # dim against the oracle, then CUDA-graph TFLOP/s against a program per tile), then flashtile
+    # bench's forward with it and the Gluon forward forced (d64 1k runs Triton's under auto)
+    # beside cuDNN and FA2; ~400 s.
+    gluon_tests tests-persistent.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu -k "persistent"
+    step timeout 240 python3 benchmarks/probes/fwd_persistent.py > "$OUT/fwd-persistent.log" 2>&1
+    step env FLASHTILE_GLUON=1 FLASHTILE_GLUON_FWD_PERSISTENT=1 timeout 120 python3 -m flashtile bench \
+      --headdims 64 128 256 --seqlens 1k 4k --modes fwd --providers flashtile sdpa-cudnn sdpa-flash \
+      --json "$OUT/bench-persistent.json" > "$OUT/bench-persistent.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-persistent.log"; grep -v "Warn\|warn" "$OUT/fwd-persistent.log"
+    grep -A16 "fwd: TFLOP" "$OUT/bench-persistent.log"; cat "$OUT/times.txt" ;;
   tail)
     # The tail split: the last programs of a non-causal fused grid in parts (hopper.tail_split).
     gluon_tests tests-tail.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu -k "tail_split or fused_backward_grid"

@@ -92,7 +92,9 @@ def test_the_gluon_switches_read_auto_1_or_0_and_the_usual_words_and_reject_anyt
 
 def test_auto_takes_gluon_only_where_it_was_measured_faster():
     assert hopper.measured_faster(128, 1024, backward=False) and hopper.measured_faster(256, 512, backward=False)
-    assert not hopper.measured_faster(64, 2048, backward=False) and hopper.measured_faster(64, 4096, backward=False)
+    # d64 forward: from 1k keys (there on persistent programs), the Triton forward below
+    assert not hopper.measured_faster(64, 512, backward=False) and hopper.measured_faster(64, 1024, backward=False)
+    assert hopper.measured_faster(64, 4096, backward=False)
     assert hopper.measured_faster(128, 1024, backward=True) and hopper.measured_faster(64, 1024, backward=True)
     assert hopper.measured_faster(256, 16384, backward=True)
 
@@ -142,9 +144,9 @@ def test_eligible_answers_each_condition_on_its_own(monkeypatch):
     assert not eligible(*tensors(dtype=torch.float32))
     assert not eligible(q, k.half(), v, out)
     assert not eligible(q, k, v, out, backward=True, grads=(out.half(), q, k, v))
-    # head dims up to 256; under auto where measured faster (d64's forward from 4k keys only)
+    # head dims up to 256; under auto where measured faster (d64's forward from 1k keys only)
     assert not eligible(*tensors(head_dim=264))
-    assert not eligible(*tensors(head_dim=64)) and eligible(*tensors(head_dim=64, seqlen=4096))
+    assert not eligible(*tensors(head_dim=64, seqlen=512)) and eligible(*tensors(head_dim=64))
     assert eligible(*tensors(head_dim=64), backward=True)
     monkeypatch.setenv("FLASHTILE_GLUON", "1")
     assert eligible(*tensors(head_dim=64)) and eligible(*tensors(head_dim=80))
@@ -662,6 +664,7 @@ def test_deterministic_reaches_the_backward_op(monkeypatch):
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_the_gluon_forward_hands_its_kernel_descriptors_of_its_own_tiles(monkeypatch, head_dim):
+    monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0")  # a program per Q tile (persistent: below)
     gluon_fwd = hopper._gluon()[0]
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "2")  # two consumers: 128-row tiles at d64 too
     launches = []
@@ -683,6 +686,7 @@ def test_the_gluon_forward_hands_its_kernel_descriptors_of_its_own_tiles(monkeyp
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 def test_a_repeated_forward_launches_from_its_plan_with_the_new_tensors(monkeypatch):
+    monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0")  # a program per Q tile (persistent: below)
     gluon_fwd = hopper._gluon()[0]
     monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH, raising=False)
     launches = []
@@ -742,6 +746,7 @@ def test_three_consumer_warpgroups_run_at_d64_unless_the_switch_says_two(monkeyp
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 @pytest.mark.parametrize("head_dim", [40, 64, 128])
 def test_three_consumers_launch_192_row_tiles_in_64_row_parts(monkeypatch, head_dim):
+    monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0")  # a program per Q tile (persistent: below)
     gluon_fwd = hopper._gluon()[0]
     launches = []
     monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
@@ -762,6 +767,51 @@ def test_three_consumers_launch_192_row_tiles_in_64_row_parts(monkeypatch, head_
         assert "CONSUMERS" not in constexprs and "OVERLAP" not in constexprs and constexprs["BLOCK_M"] == 128
     assert k_desc.block_shape == v_desc.block_shape == [1, 1, constexprs["BLOCK_N"], width]
     assert grid == (triton.cdiv(500, constexprs["BLOCK_M"]) * 2 * 6,)
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+@pytest.mark.parametrize("head_dim,seqlen_k,consumers,buffers", [(64, 333, 3, 2), (64, 333, 2, 2), (128, 333, 2, 2),
+                                                                 (128, 5000, 2, 1), (256, 333, 2, 1)])
+def test_persistent_forward_launches_a_program_per_sm_at_most(monkeypatch, head_dim, seqlen_k, consumers, buffers):
+    gluon_fwd = hopper._gluon()[0]
+    launches = []
+    monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 7)  # a pretend GPU of 7 SMs
+    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, str(consumers))
+    q, out = (torch.randn(2, 6, 300, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(2, 2, seqlen_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    tiles = triton.cdiv(300, 64 * consumers) * 2 * 6
+    for switch in ("0", "1"):
+        monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, switch)
+        hopper.forward(q, k, v, out, 0.125, causal=True)
+    (_, per_tile, _, plain), (_, persistent, args, constexprs) = launches
+    assert per_tile == (tiles,) and "PERSISTENT" not in plain  # a program per Q tile, the launch as before
+    assert persistent == (7,) and constexprs["PERSISTENT"] is True
+    # the next tile's Q in a second buffer where it fits beside the K/V ring (d256's ring and a
+    # 3-stage d128 ring leave no room for it)
+    assert constexprs["Q_BUFFERS"] == buffers == hopper.forward_q_buffers(
+        hopper.kernel_head_dim(head_dim), constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["NUM_STAGES"])
+    assert {key: value for key, value in constexprs.items() if key not in ("PERSISTENT", "Q_BUFFERS")} == plain
+    # fewer tiles than SMs: a program each
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 1000)
+    hopper.forward(q, k, v, out, 0.125, causal=True)
+    assert launches[-1][1] == (tiles,)
+    monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "yes")
+    with pytest.raises(ValueError, match="FLASHTILE_GLUON_FWD_PERSISTENT: expected auto, 0 or 1, got 'yes'"):
+        hopper.forward(q, k, v, out, 0.125, causal=True)
+
+
+def test_persistent_programs_run_under_auto_where_they_were_measured_faster(monkeypatch):
+    monkeypatch.delenv(hopper.FORWARD_PERSISTENT_SWITCH, raising=False)
+    # short rows at d64 and d128 (1k keys; d64 non-causal to 4k), never at d256
+    assert hopper.forward_persistent(64, 1024, causal=True) and hopper.forward_persistent(128, 1024, causal=False)
+    assert hopper.forward_persistent(64, 4096, causal=False) and not hopper.forward_persistent(64, 4096, causal=True)
+    assert not hopper.forward_persistent(128, 4096, causal=False) and not hopper.forward_persistent(64, 16384, False)
+    assert not hopper.forward_persistent(256, 1024, causal=False)
+    monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0")
+    assert not hopper.forward_persistent(64, 1024, causal=True)
+    monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "1")
+    assert hopper.forward_persistent(256, 16384, causal=True)
 
 
 def test_causal_grids_group_heads_whose_streamed_tensors_fit_the_l2_budget(monkeypatch):
@@ -862,6 +912,28 @@ def test_gpu_gluon_forward_on_three_consumers(gluon_calls, monkeypatch, dtype, h
                layout=layout, bhsd_as_view=index % 4 < 2)
     assert gluon_calls, "the call did not take the Gluon forward"
     assert consumers in chosen and set(chosen) <= {consumers}, f"the forward chose {chosen} consumer warpgroups"
+
+
+# FLASHTILE_GLUON_FWD_PERSISTENT=1: a program per SM, each taking several Q tiles. Every head dim's
+# kernel, with more Q tiles than the H200's 132 SMs in the larger cases (so programs take several,
+# across heads and batches, the ring's phases running on from one tile to the next).
+GRID_PERSISTENT = [case for case in GRID if case[2] in ((113, 203), (1023, 1023), (4097, 1024), (1, 1023))]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
+@pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID_PERSISTENT,
+                         ids=[_case_id(case) for case in GRID_PERSISTENT])
+def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal):
+    monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "1")
+    sq, sk = seqlens
+    index = GRID_PERSISTENT.index((dtype, headdim, seqlens, causal))
+    heads_q, heads_kv = [(8, 1), (8, 2), (4, 4)][index % 3]
+    layout = ["bshd", "bhsd"][(index // 3) % 2]
+    check_case(3 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q * 2, heads_kv * 2, headdim, dtype, causal=causal,
+               layout=layout, bhsd_as_view=index % 4 < 2)
+    assert gluon_calls, "the call did not take the Gluon forward"
 
 
 @pytest.mark.gpu

@@ -199,6 +199,23 @@ def gluon_variants(quick: bool):
         yield ("gluon fwd d=64 causal bf16 s2 in turn", gluon_fwd._fwd_pingpong_kernel,
                dict(HEAD_DIM=64, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, CAUSAL=True, DTYPE="bf16", Q_ROWS=64,
                     KV_ROWS=128, OVERLAP=False, **regs), 4)
+    # Persistent programs (FORWARD_PERSISTENT): one per SM, each taking several Q tiles, the next
+    # tile's Q in a second buffer where shared memory holds it (hopper.forward_q_buffers).
+    if "PERSISTENT" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
+        three = dict(HEAD_DIM=64, BLOCK_M=192, BLOCK_N=128, NUM_STAGES=2, Q_ROWS=64, KV_ROWS=128, CONSUMERS=3,
+                     OVERLAP=False, LOADER_REGS=24, CONSUMER_REGS=160)
+        for name, constexprs in [("fwd3 d=64 causal bf16 s2 in turn", dict(three, CAUSAL=True, DTYPE="bf16")),
+                                 ("fwd3 d=64 full fp16 s2 in turn", dict(three, CAUSAL=False, DTYPE="fp16")),
+                                 ("fwd d=128 causal bf16 s2", dict(HEAD_DIM=128, BLOCK_M=128, BLOCK_N=128,
+                                                                   NUM_STAGES=2, CAUSAL=True, DTYPE="bf16",
+                                                                   Q_ROWS=64, KV_ROWS=128, **regs)),
+                                 ("fwd d=256 full bf16 s2", dict(HEAD_DIM=256, BLOCK_M=128, BLOCK_N=64, NUM_STAGES=2,
+                                                                 CAUSAL=False, DTYPE="bf16", Q_ROWS=64, KV_ROWS=64,
+                                                                 **regs))][:1 if quick else None]:
+            buffers = hopper.forward_q_buffers(constexprs["HEAD_DIM"], constexprs["BLOCK_M"],
+                                               constexprs["BLOCK_N"], constexprs["NUM_STAGES"])
+            yield (f"gluon {name} persistent q{buffers}", gluon_fwd._fwd_pingpong_kernel,
+                   dict(constexprs, PERSISTENT=True, Q_BUFFERS=buffers), 4)
     yield from listed_variants(gluon_fwd, quick, regs)
     for d, causal, dtype in [(128, True, "bf16")] if quick else [(128, False, "bf16"), (128, True, "fp16"),
                                                                     (64, True, "bf16")]:

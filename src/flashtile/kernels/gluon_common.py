@@ -50,20 +50,22 @@ def accumulator_layout(num_warps, columns):
 
 @gluon.jit
 def stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
-                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, tiles=None):
+                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, tiles=None, first=0):
     """The loader's loop of the forward and dQ kernels: K and V tile j of (batch, head_kv)
-    into ring slot j % NUM_STAGES, each once the consumers have released the slot's
+    into ring slot (first + j) % NUM_STAGES, each once the consumers have released the slot's
     previous tile (its "empty" barrier) and signalled on its "ready" barrier. With ``tiles``
-    (a pointer to a block mask's list of K/V tile numbers), step j copies tile tiles[j]."""
+    (a pointer to a block mask's list of K/V tile numbers), step j copies tile tiles[j].
+    ``first``: the tiles that went round the ring before these (a persistent program's earlier
+    work items)."""
     for j in range(n_tiles):
         if tiles is None:
             key_start = j * BLOCK_N
         else:
             key_start = gl.load(tiles + j) * BLOCK_N
-        slot = j % NUM_STAGES
+        slot = (first + j) % NUM_STAGES
         # A new mbarrier counts as having completed the phase before 0, so the first lap
         # round the ring passes the "empty" waits at once.
-        free_phase = ((j // NUM_STAGES) & 1) ^ 1
+        free_phase = (((first + j) // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(slot), free_phase)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
         tma_load(k_desc, [batch, head_kv, key_start, 0], k_ready.index(slot), k_smem.index(slot))
@@ -111,8 +113,10 @@ def hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout: gl.co
 
 
 @gluon.jit
-def tile_and_row_of_program(pid, num_tiles, heads_per_group):
-    """(rank, bh) of program ``pid`` in a grid of num_tiles tiles for each of its B·H rows: the
+def tile_and_row_of_program(pid, num_tiles, heads_per_group, num_programs=None):
+    """(rank, bh) of program ``pid`` in a grid of num_tiles tiles for each of its B·H rows (a
+    grid of ``num_programs`` work items, by default the launch's own programs: a persistent
+    kernel's programs each take several): the
     rows go in groups of ``heads_per_group``, and within a group the tiles' ranks are slowest,
     so that every row's rank-0 tile starts before any row of the group starts its rank-1 tile.
 
@@ -126,19 +130,21 @@ def tile_and_row_of_program(pid, num_tiles, heads_per_group):
     group = pid // programs_per_group
     first_row = group * heads_per_group
     in_group = pid - group * programs_per_group
-    rows_in_group = gl.minimum(heads_per_group, gl.num_programs(0) // num_tiles - first_row)
+    if num_programs is None:
+        num_programs = gl.num_programs(0)
+    rows_in_group = gl.minimum(heads_per_group, num_programs // num_tiles - first_row)
     return in_group // rows_in_group, first_row + in_group % rows_in_group
 
 
 @gluon.jit
 def q_tile_of_program(pid, num_m_blocks, heads_per_group, heads_q, group_size, seqlen_q, seqlen_k,
-                      BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+                      BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, num_programs=None):
     """(batch, head, head_kv, q_start, kv_end) of program ``pid`` of the forward or the dQ
     kernel: Q tiles fastest in the grid (with ``heads_per_group`` > 1, groups of that many
     B·Hq rows, rows fastest within a group: tile_and_row_of_program), and under CAUSAL the last
     tiles of a head (which see the most keys) started first; kv_end is where the keys its rows
     see end (bottom-right aligned causal: up to the tile's last row's diagonal)."""
-    block_m, bh = tile_and_row_of_program(pid, num_m_blocks, heads_per_group)
+    block_m, bh = tile_and_row_of_program(pid, num_m_blocks, heads_per_group, num_programs)
     batch = bh // heads_q
     head = bh % heads_q
     if CAUSAL:

@@ -92,31 +92,31 @@ def _rescaled_with_operand(acc, alpha, p, o_rows: gl.constexpr, p_layout: gl.con
 
 @gluon.jit
 def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, rows, seqlen_q, seqlen_k, shift,
-                      diagonal, n_tiles, qk_scale, tiles, n_masked, batch, head, mask_buffer, m_i, l_i, acc, s_zero,
-                      s_layout: gl.constexpr, o_rows: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr,
+                      diagonal, n_tiles, first, qk_scale, tiles, n_masked, batch, head, mask_buffer, m_i, l_i, acc,
+                      s_zero, s_layout: gl.constexpr, o_rows: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr,
                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                       MASK_MOD: gl.constexpr):
-    """A consumer's K/V tiles in FlashAttention-3's order (_consumer's OVERLAP): returns O
-    (unnormalised), the running max and sum."""
+    """A consumer's K/V tiles in FlashAttention-3's order (_consumer's OVERLAP), tile j in ring
+    slot (first + j) % NUM_STAGES: returns O (unnormalised), the running max and sum."""
     # Tile 0: S and its softmax (n_tiles >= 1 always: see the kernel).
-    mbarrier.wait(k_ready.index(0), 0)
-    s = warpgroup_mma(q_tile, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+    mbarrier.wait(k_ready.index(first % NUM_STAGES), (first // NUM_STAGES) & 1)
+    s = warpgroup_mma(q_tile, k_smem.index(first % NUM_STAGES).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                       use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s, ))
-    mbarrier.arrive(k_empty.index(0), count=1)
+    mbarrier.arrive(k_empty.index(first % NUM_STAGES), count=1)
     s = hide_scores(s, rows, 0, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles, n_masked,
                      batch, head, mask_buffer, MASK_MOD)
     p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
     for j in range(1, n_tiles):
-        slot = j % NUM_STAGES
-        previous = (j - 1) % NUM_STAGES
+        slot = (first + j) % NUM_STAGES
+        previous = (first + j - 1) % NUM_STAGES
         # Issue S_j = Q K_jᵀ, then O += P_{j-1} V_{j-1}; wait for S_j alone and run its
         # softmax while the second product is in flight.
-        mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
+        mbarrier.wait(k_ready.index(slot), ((first + j) // NUM_STAGES) & 1)
         s = warpgroup_mma(q_tile, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                           use_acc=False, is_async=True)
         acc, p_low = _rescaled_with_operand(acc, alpha, p, o_rows, p_layout, dtype)
-        mbarrier.wait(v_ready.index(previous), ((j - 1) // NUM_STAGES) & 1)
+        mbarrier.wait(v_ready.index(previous), ((first + j - 1) // NUM_STAGES) & 1)
         acc = warpgroup_mma(p_low, v_smem.index(previous).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s, ))
         mbarrier.arrive(k_empty.index(slot), count=1)
@@ -125,9 +125,9 @@ def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
         p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
         acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
         mbarrier.arrive(v_empty.index(previous), count=1)
-    last = (n_tiles - 1) % NUM_STAGES
+    last = (first + n_tiles - 1) % NUM_STAGES
     acc, p_low = _rescaled_with_operand(acc, alpha, p, o_rows, p_layout, dtype)
-    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // NUM_STAGES) & 1)
+    mbarrier.wait(v_ready.index(last), ((first + n_tiles - 1) // NUM_STAGES) & 1)
     acc = warpgroup_mma(p_low, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
     acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
     mbarrier.arrive(v_empty.index(last), count=1)
@@ -138,11 +138,13 @@ def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
 def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc,
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, mask_buffer,
               HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr, OVERLAP: gl.constexpr):
+              CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr, OVERLAP: gl.constexpr, q_index, q_phase, first):
     """One warpgroup: rows [q_start + part·PART_M, +PART_M) of the Q tile, every K/V tile (or
     under MASK_MOD the block mask's list: see hide_scores). OVERLAP: S of tile j+1 issued before
     O += P_j V_j (FlashAttention-3's order; S, P and O live at once); without it each tile's two
-    products run one after the other, S dead before O's product (fewer live registers)."""
+    products run one after the other, S dead before O's product (fewer live registers).
+    A persistent program's work item: its rows in Q buffer ``q_index``, landed on q_ready's phase
+    ``q_phase``, its tiles after the ``first`` that went round the K/V ring before them."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
     o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -154,22 +156,23 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     rows = first_row + gl.arange(0, PART_M, layout=s_rows)
     shift = seqlen_k - seqlen_q
     diagonal = first_row + shift
-    q_tile = q_smem.index(part).reshape([PART_M, HEAD_DIM])
+    q_tile = q_smem.index(q_index).reshape([PART_M, HEAD_DIM])
     m_i = gl.full([PART_M], -float("inf"), gl.float32, layout=s_rows)
     l_i = gl.full([PART_M], 0.0, gl.float32, layout=s_rows)
     acc = gl.zeros([PART_M, HEAD_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([PART_M, BLOCK_N], gl.float32, layout=s_layout)
 
-    mbarrier.wait(q_ready, 0)
+    mbarrier.wait(q_ready, q_phase)
     if OVERLAP:
         acc, m_i, l_i = _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, rows, seqlen_q,
-                                          seqlen_k, shift, diagonal, n_tiles, qk_scale, tiles, n_masked, batch, head,
+                                          seqlen_k, shift, diagonal, n_tiles, first, qk_scale, tiles, n_masked, batch,
+                                          head,
                                           mask_buffer, m_i, l_i, acc, s_zero, s_layout, o_rows, p_layout, dtype,
                                           BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASK_MOD)
     else:
         for j in range(n_tiles):
-            slot = j % NUM_STAGES
-            phase = (j // NUM_STAGES) & 1
+            slot = (first + j) % NUM_STAGES
+            phase = ((first + j) // NUM_STAGES) & 1
             mbarrier.wait(k_ready.index(slot), phase)
             s = warpgroup_mma(q_tile, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
@@ -194,8 +197,76 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     # which writes only the rows inside the tensor.
     q_tile.store(out.to(dtype))
     fence_async_shared()
-    tma_store(o_desc, [batch, head, first_row, 0], q_smem.index(part))
+    tma_store(o_desc, [batch, head, first_row, 0], q_smem.index(q_index))
     tma.store_wait(0)
+
+
+@gluon.jit
+def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                       v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k,
+                       PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                       CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr):
+    """_loader for a persistent program: work items pid, pid + programs, ... of the grid's
+    ``num_items``. Item i's Q goes to buffer i % Q_BUFFERS once the consumers have stored the
+    output of the item before it there (q_empty); its K/V tiles follow the previous item's
+    round the same ring, so the next item's first tiles land while this one's last run."""
+    ring = 0  # K/V tiles this program has sent round the ring before the item
+    local = 0  # items this program has taken before
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
+                                                                  group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
+                                                                  num_items)
+        n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
+        buffer = local % Q_BUFFERS
+        mbarrier.wait(q_empty.index(buffer), ((local // Q_BUFFERS) & 1) ^ 1)  # a new barrier passes at once
+        mbarrier.expect(q_ready.index(buffer), CONSUMERS * q_desc.block_type.nbytes)
+        for part in gl.static_range(CONSUMERS):
+            tma_load(q_desc, [batch, head, q_start + part * PART_M, 0], q_ready.index(buffer),
+                     q_smem.index(buffer * CONSUMERS + part))
+        stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
+                        BLOCK_N, NUM_STAGES, None, ring)
+        ring += n_tiles
+        local += 1
+
+
+@gluon.jit
+def _persistent_consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks, heads_per_group,
+                         num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, HEAD_DIM: gl.constexpr,
+                         PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                         CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr):
+    """_consumer for a persistent program: the same work items as _persistent_loader's, each
+    item's rows as _consumer runs them; the item's Q buffer released once its output, staged
+    there, has been stored."""
+    ring = 0
+    local = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
+                                                                  group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
+                                                                  num_items)
+        n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
+        LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
+        buffer = local % Q_BUFFERS
+        _consumer(part, q_smem, k_smem, v_smem, q_ready.index(buffer), k_ready, v_ready, k_empty, v_empty, o_desc,
+                  LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM,
+                  PART_M, BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, buffer * CONSUMERS + part,
+                  (local // Q_BUFFERS) & 1, ring)
+        mbarrier.arrive(q_empty.index(buffer), count=1)  # _consumer waited for its output's store
+        ring += n_tiles
+        local += 1
+
+
+@gluon.jit
+def _persistent_barriers(Q_BUFFERS: gl.constexpr, CONSUMERS: gl.constexpr):
+    """(q_ready, q_empty) of a persistent forward: per Q buffer, the TMA unit arrives on its
+    "ready" barrier and each consumer warpgroup on its "empty" one."""
+    q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(Q_BUFFERS):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=CONSUMERS)
+    return q_ready, q_empty
 
 
 @gluon.jit
@@ -216,7 +287,8 @@ def _fwd_pingpong_kernel(
     num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-    CONSUMERS: gl.constexpr = 2, OVERLAP: gl.constexpr = True,
+    CONSUMERS: gl.constexpr = 2, OVERLAP: gl.constexpr = True, PERSISTENT: gl.constexpr = False,
+    Q_BUFFERS: gl.constexpr = 1,
 ):
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
@@ -229,11 +301,76 @@ def _fwd_pingpong_kernel(
     padded to 16 warps, the workers' CONSUMER_REGS and the default partition's share of the 64K
     register file: 160 and 168). OVERLAP: each consumer's products in FlashAttention-3's order
     (True) or one tile's after the other (False; see _consumer).
+
+    PERSISTENT: a grid of fewer programs (one per SM), each taking the work items (Q tiles, in
+    the order above) pid, pid + programs, ...: the next item's K/V tiles stream in while this
+    one's last tiles and output run, and with Q_BUFFERS = 2 its Q as well (the CTA's start,
+    Q's load and the ring's filling are paid once per program instead of once per tile).
     """
     gl.static_assert(num_warps == 4)
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3)
     PART_M: gl.constexpr = BLOCK_M // CONSUMERS
     gl.static_assert(PART_M * CONSUMERS == BLOCK_M)
+    if PERSISTENT:
+        num_items = num_m_blocks * q_desc.shape[0] * num_heads_q
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * CONSUMERS, 1, 1, PART_M, HEAD_DIM],
+                                           q_desc.layout)
+        k_smem, v_smem = kv_ring_buffers(k_desc, v_desc, BLOCK_N, HEAD_DIM, NUM_STAGES)
+        _, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(NUM_STAGES, CONSUMERS)
+        q_ready, q_empty = _persistent_barriers(Q_BUFFERS, CONSUMERS)
+        fence_async_shared()  # the inits visible to the TMA unit before its first copy
+        if CONSUMERS == 2:
+            gl.warp_specialize([
+                (_persistent_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
+                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                                        Q_BUFFERS)),
+                (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
+                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                                        Q_BUFFERS)),
+                (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                      v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
+                                      group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
+                                      CONSUMERS, Q_BUFFERS)),
+            ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        else:
+            gl.warp_specialize([
+                (_persistent_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
+                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                                        Q_BUFFERS)),
+                (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
+                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                                        Q_BUFFERS)),
+                (_persistent_consumer, (2, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
+                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                                        Q_BUFFERS)),
+                (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                      v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
+                                      group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
+                                      CONSUMERS, Q_BUFFERS)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+    else:
+        _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, num_heads_q, group_size,
+                              seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale, HEAD_DIM, PART_M, BLOCK_M,
+                              BLOCK_N, NUM_STAGES, CAUSAL, LOADER_REGS, CONSUMER_REGS, CONSUMERS, OVERLAP)
+
+
+@gluon.jit
+def _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, num_heads_q, group_size, seqlen_q,
+                          seqlen_k, num_m_blocks, heads_per_group, qk_scale, HEAD_DIM: gl.constexpr,
+                          PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr,
+                          CONSUMER_REGS: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr):
+    """_fwd_pingpong_kernel's body when each program runs one Q tile (not PERSISTENT)."""
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, heads_per_group,
                                                               num_heads_q, group_size, seqlen_q, seqlen_k,
                                                               BLOCK_M, CAUSAL)
@@ -250,10 +387,10 @@ def _fwd_pingpong_kernel(
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 0, 0, 0)),
             (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 1, 0, 0)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -261,13 +398,13 @@ def _fwd_pingpong_kernel(
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 0, 0, 0)),
             (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 1, 0, 0)),
             (_consumer, (2, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP)),
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 2, 0, 0)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
@@ -310,10 +447,10 @@ def _fwd_listed_kernel(
     gl.warp_specialize([
         (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
                      head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, MaskBuf, HEAD_DIM, PART_M,
-                     BLOCK_N, NUM_STAGES, False, MASK_MOD, True)),
+                     BLOCK_N, NUM_STAGES, False, MASK_MOD, True, 0, 0, 0)),
         (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
                      head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, MaskBuf, HEAD_DIM, PART_M,
-                     BLOCK_N, NUM_STAGES, False, MASK_MOD, True)),
+                     BLOCK_N, NUM_STAGES, False, MASK_MOD, True, 1, 0, 0)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, batch,
                    head, head // group_size, q_start, n_tiles, tiles, PART_M, BLOCK_N, NUM_STAGES, 2)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

@@ -114,7 +114,9 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool, causal: bool =
     9 and 10, has the figures). Forward: d128 and d256 at every length (non-causal 1.2-1.6x the
     Triton forward in session 9); at 1k both paths are host-bound and the Gluon call has also
     read below the Triton one (session 10, d256: 282 against 357 TFLOP/s), which its kernel
-    alone never does. d64 from 4k keys: below that the two trade places between runs. Backward:
+    alone never does. d64 from 1k keys (session 24: at 1k on persistent programs, 421 / 267 TFLOP/s
+    non-causal / causal in flashtile bench, against the Triton forward's 370 / 255 in that
+    session's grid; before persistent programs the two traded places there). Backward:
     every head dim at every length; the one cell where it trailed in a run, d128 causal at 1k,
     is host-bound and scatters between runs on either side of the Triton backward. d256 (session
     11, gluon_bwd_wide): 377 / 443 / 436 TFLOP/s non-causal at 1k / 4k / 16k and 273 / 389 / 432
@@ -129,7 +131,7 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool, causal: bool =
     d40 backward 200 / 252 / 263, 144 / 222 / 246 against 60 / 69 / 72, 44 / 62 / 69. Other
     padded head dims (e.g. 80, 160) have not been timed."""
     if head_dim in KERNEL_HEAD_DIMS:
-        return backward or head_dim in (128, 256) or seqlen_k >= 4096
+        return backward or head_dim in (128, 256) or seqlen_k >= 1024
     if head_dim == 192 and not backward:
         return not causal or seqlen_k >= 4096
     return head_dim in (40, 96, 192)
@@ -590,6 +592,48 @@ def forward_consumers(head_dim: int) -> int:
     return 3 if choice(FORWARD_CONSUMERS_SWITCH, ("2", "3")) != "2" and head_dim == 64 else 2
 
 
+# FLASHTILE_GLUON_FWD_PERSISTENT: the dense forward on persistent programs (gluon_fwd's PERSISTENT:
+# one a SM, each taking Q tiles pid, pid + programs, ... so that the next tile's K/V, and where
+# shared memory holds a second Q buffer its Q, load while this one's last tiles and output run);
+# auto: where persistent_measured_faster says, 0 never, 1 always.
+FORWARD_PERSISTENT_SWITCH = "FLASHTILE_GLUON_FWD_PERSISTENT"
+# sm_90's shared memory a block may opt in to, and what a forward CTA takes besides its tiles (the
+# mbarriers), for forward_q_buffers.
+SHARED_MEMORY_BYTES = 227 * 1024
+_FORWARD_SHARED_EXTRA = 1024
+
+
+def forward_persistent(head_dim: int, seqlen_k: int, causal: bool) -> bool:
+    """Whether the dense Gluon forward at kernel head dim ``head_dim`` runs persistent programs
+    (``FLASHTILE_GLUON_FWD_PERSISTENT``; auto: persistent_measured_faster)."""
+    switch = choice(FORWARD_PERSISTENT_SWITCH, ("0", "1"))
+    return switch == "1" or (switch == "auto" and persistent_measured_faster(head_dim, seqlen_k, causal))
+
+
+def persistent_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
+    """Where persistent programs beat a program per Q tile on the H200 (session 24,
+    probes/fwd_persistent.py, CUDA graphs, bf16, 16k tokens; persistent over per tile at 1k /
+    4k / 16k keys): d64 non-causal 1.15 / 1.04 / 0.99, causal 1.16 / 0.89 / 0.95; d128
+    non-causal 1.17 / 1.00 / 1.01, causal 1.14 / 0.83 / 0.81; d256 non-causal 1.01 / 1.00 /
+    0.98, causal 0.88 / 0.64 / 0.65. Short rows gain: a Q tile of 8 K/V tiles pays the CTA's
+    start, Q's load and the ring's filling on few tiles. Causal rows of many tiles lose: their
+    work falls with the tile's rank, and a fixed share of tiles per program balances it worse
+    than the hardware's scheduling of a program per tile. d256 keeps one Q buffer (no room for a
+    second beside its ring), and its 1k causal cell lost. Lengths between 1k and 4k not timed."""
+    if head_dim not in (64, 128):
+        return False
+    return seqlen_k <= 1024 or (head_dim == 64 and not causal and seqlen_k <= 4096)
+
+
+def forward_q_buffers(head_dim: int, block_m: int, block_n: int, num_stages: int, element_size: int = 2) -> int:
+    """Q buffers of a persistent forward CTA: two (the next tile's Q loads during this one) where
+    they fit in shared memory beside the K/V ring, else one (e.g. d256: a 64 KiB Q tile and a
+    128 KiB ring; d128 in 3 stages)."""
+    q_tile = block_m * head_dim * element_size
+    ring = 2 * num_stages * block_n * head_dim * element_size
+    return 2 if 2 * q_tile + ring + _FORWARD_SHARED_EXTRA <= SHARED_MEMORY_BYTES else 1
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, softmax_scale: float,
             causal: bool, block_mask=None) -> torch.Tensor:
     """Write out (B, Hq, Sq, D) and return the LSE (B, Hq, Sq), float32, natural log. D of any
@@ -605,7 +649,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
                         cdiv(seqlen_q, BLOCK_M))
         return lse
     consumers = forward_consumers(head_dim)
-    plan = _dense_forward_plan(q, k, v, out, softmax_scale, causal, head_dim, consumers)
+    persistent = forward_persistent(head_dim, k.shape[2], causal)
+    plan = _dense_forward_plan(q, k, v, out, softmax_scale, causal, head_dim, consumers,
+                               sm_count(q.device) if persistent else 0)
     tensors = (q, k, v, out)
     if plan.templates is not None:
         descriptors = [_bound(template, t) for template, t in zip(plan.templates, tensors)]
@@ -639,13 +685,14 @@ _PLANS_MAX = 256
 
 
 def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_dim: int,
-                        consumers: int) -> _DenseForwardPlan:
+                        consumers: int, persistent_programs: int = 0) -> _DenseForwardPlan:
     """The plan of forward()'s dense launch for these tensors (q/out (B, Hq, Sq, D), k/v (B, Hkv,
-    Sk, D), one dtype), made on the first call of its kind."""
+    Sk, D), one dtype), made on the first call of its kind. ``persistent_programs`` > 0: at most
+    that many persistent programs (the SMs), 0: a program per Q tile."""
     overlap = FORWARD_OVERLAP.get(consumers, True)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
            consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_CONSUMER_REGS.get(consumers), overlap,
-           CAUSAL_L2_BYTES, causal_heads_per_group)
+           CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs)
     plan = _DENSE_FORWARD_PLANS.get(key)
     if plan is not None:
         return plan
@@ -665,8 +712,13 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
     extra = {} if consumers == 2 else {"CONSUMERS": consumers}
     if not overlap:
         extra["OVERLAP"] = False
+    programs = num_m_blocks * batch * heads_q
+    if persistent_programs:
+        extra.update(PERSISTENT=True, Q_BUFFERS=forward_q_buffers(head_dim, block_m, block_n, num_stages,
+                                                                  q.element_size()))
+        programs = min(programs, persistent_programs)
     plan = _DenseForwardPlan(
-        grid=(num_m_blocks * batch * heads_q,), rows=rows,
+        grid=(programs,), rows=rows,
         templates=None if any(template is None for template in templates) else templates,
         # after the LSE: its strides (a new contiguous (B, Hq, Sq) tensor), then the problem
         scalars=(heads_q * seqlen_q, seqlen_q, heads_q, group, seqlen_q, seqlen_k, num_m_blocks, heads_per_group,

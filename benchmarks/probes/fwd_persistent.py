@@ -1,0 +1,120 @@
+"""The dense Gluon forward on persistent programs against a program per Q tile (attempt 61): checked, then timed.
+
+    python benchmarks/probes/fwd_persistent.py [--headdims 64 128 256] [--seqlens 1024 4096 16384] [--rounds 3]
+
+FLASHTILE_GLUON_FWD_PERSISTENT=1 launches gluon_fwd._fwd_pingpong_kernel with PERSISTENT: one
+program per SM, each taking Q tiles pid, pid + programs, ...; the loader streams the next tile's
+K/V round the same ring (and its Q into a second buffer, where shared memory holds one) while the
+consumers finish this tile. A program per Q tile pays the CTA's start, Q's load and the ring's
+filling per tile: with 8 K/V tiles a Q tile (1k keys) that is a larger share than with 128. On an
+H200:
+
+1. persistent programs against the float64 oracle at each head dim (odd lengths, q != k, GQA,
+   causal and not, more tiles than programs): the largest error and the tolerance rule's bound;
+2. the forward alone, CUDA graphs of ``hopper.forward`` (no host time), B·N = 16k tokens and
+   H = 2048 / d heads, bf16, causal and not: a program per tile against persistent programs,
+   the consumers as under auto, each the median of ``--rounds`` interleaved rounds.
+   TFLOP/s = 4·B·H·N²·d / t, halved when causal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+from flashtile import naive_attention
+from flashtile.kernels import hopper
+from flashtile.testing import assert_close_to_oracle
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from timing import graph_ms  # noqa: E402
+
+
+class _persistent:
+    """FLASHTILE_GLUON_FWD_PERSISTENT set to ``value`` ("0" or "1") for a block."""
+
+    def __init__(self, value: str):
+        self.value = value
+
+    def __enter__(self):
+        self.saved = os.environ.get(hopper.FORWARD_PERSISTENT_SWITCH)
+        os.environ[hopper.FORWARD_PERSISTENT_SWITCH] = self.value
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            os.environ.pop(hopper.FORWARD_PERSISTENT_SWITCH, None)
+        else:
+            os.environ[hopper.FORWARD_PERSISTENT_SWITCH] = self.saved
+
+
+def check(head_dim: int) -> str:
+    """Persistent programs against the oracle on odd problems at ``head_dim``; 'ok' or what failed."""
+    torch.manual_seed(0)
+    cases = [(2, 17, 17, 4, 4, False), (1, 113, 203, 8, 2, True), (1, 203, 113, 8, 1, False),
+             (3, 1000, 1000, 16, 2, True), (1, 1, 1023, 4, 4, True), (2, 4097, 1024, 8, 1, True),
+             (4, 2048, 2048, 32, 8, False)]
+    for batch, sq, sk, hq, hkv, causal in cases:
+        q = torch.randn(batch, hq, sq, head_dim, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, hkv, sk, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        out = torch.empty_like(q)
+        with _persistent("1"):
+            lse = hopper.forward(q, k, v, out, head_dim ** -0.5, causal)
+        oracle, oracle_lse = naive_attention(q, k, v, causal=causal, layout="bhsd", upcast=True, return_lse=True)
+        baseline, baseline_lse = naive_attention(q, k, v, causal=causal, layout="bhsd", upcast=False,
+                                                 return_lse=True)
+        try:
+            assert_close_to_oracle("out", out, oracle, baseline)
+            assert_close_to_oracle("lse", lse, oracle_lse, baseline_lse.float())
+        except AssertionError as error:
+            return f"FAILED at {(batch, sq, sk, hq, hkv, causal)}: {str(error).splitlines()[0][:120]}"
+    return "ok"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    sms = hopper.sm_count(torch.device("cuda"))
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {sms} SMs")
+    for head_dim in args.headdims:
+        try:
+            verdict = check(head_dim)
+        except Exception as error:  # noqa: BLE001 - a kernel that does not build: report, go on
+            verdict = f"ERROR {type(error).__name__}: {str(error).splitlines()[0][:100]}"
+        print(f"persistent d{head_dim} against the oracle: {verdict}", flush=True)
+    print(f"\nforward TFLOP/s, CUDA graphs, 16k tokens, 2048 / d heads, bf16; median of {args.rounds} rounds")
+    print(f"{'d':>4} {'causal':>6} {'N':>6} | {'per tile':>9} | {'persistent':>18}")
+    for head_dim in args.headdims:
+        for causal in (False, True):
+            for seqlen in args.seqlens:
+                batch, heads = max(16384 // seqlen, 1), 2048 // head_dim
+                q, k, v = (torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16)
+                           for _ in range(3))
+                out = torch.empty_like(q)
+                flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
+                times = {"0": [], "1": []}
+                for _ in range(args.rounds):
+                    for value in times:
+                        try:
+                            with _persistent(value):
+                                times[value].append(graph_ms(
+                                    lambda: hopper.forward(q, k, v, out, head_dim ** -0.5, causal)))
+                        except Exception as error:  # noqa: BLE001 - a kernel that does not build: report, go on
+                            times[value].append(float("nan"))
+                            print(f"  {value}: {type(error).__name__}: {str(error).splitlines()[0][:100]}",
+                                  flush=True)
+                # (a kernel that failed in any round reads nan)
+                rates = {value: flops / statistics.median(t) * 1e-9 if all(x == x for x in t) else float("nan")
+                         for value, t in times.items()}
+                print(f"{head_dim:>4} {'yes' if causal else 'no':>6} {seqlen:>6} | {rates['0']:9.0f} | "
+                      f"{rates['1']:9.0f} ({rates['1'] / rates['0']:5.2f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
