@@ -69,7 +69,7 @@ def collect_meta(device: torch.device, grid: Grid, timer: Timer, flashtile_backe
                 ("FLASHTILE_BACKEND", "FLASHTILE_AUTOTUNE", "FLASHTILE_GLUON", "FLASHTILE_GLUON_BWD",
                  "FLASHTILE_GLUON_BWD_FUSED", "FLASHTILE_GLUON_BWD_TAIL", "FLASHTILE_GLUON_DQ_SWIZZLE",
                  "FLASHTILE_GLUON_BWD_EXP_POLY", "FLASHTILE_GLUON_BWD_HOIST_STATS",
-                 "FLASHTILE_GLUON_FWD_CONSUMERS",
+                 "FLASHTILE_GLUON_FWD_CONSUMERS", "FLASHTILE_GLUON_FWD_PERSISTENT",
                  "FLASHTILE_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_INTERPRET")},
     }
     if device.type == "cuda":
