@@ -95,6 +95,9 @@ def test_auto_takes_gluon_only_where_it_was_measured_faster():
     # d64 forward: from 1k keys (there on persistent programs), the Triton forward below
     assert not hopper.measured_faster(64, 512, backward=False) and hopper.measured_faster(64, 1024, backward=False)
     assert hopper.measured_faster(64, 4096, backward=False)
+    # the block-sparse d64 forward (no persistent programs) from 4k keys, as before them
+    assert not hopper.measured_faster(64, 2048, backward=False, block_sparse=True)
+    assert hopper.measured_faster(64, 4096, backward=False, block_sparse=True)
     assert hopper.measured_faster(128, 1024, backward=True) and hopper.measured_faster(64, 1024, backward=True)
     assert hopper.measured_faster(256, 16384, backward=True)
 

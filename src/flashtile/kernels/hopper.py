@@ -108,7 +108,8 @@ def kernel_head_dim(head_dim: int) -> int | None:
     return next((d for d in KERNEL_HEAD_DIMS if d >= head_dim), None)
 
 
-def measured_faster(head_dim: int, seqlen_k: int, backward: bool, causal: bool = False) -> bool:
+def measured_faster(head_dim: int, seqlen_k: int, backward: bool, causal: bool = False,
+                    block_sparse: bool = False) -> bool:
     """Where the Gluon kernels beat the Triton ones on the H200, each measured through
     ``flashtile.attention`` as a user calls it (bf16, 16k tokens; docs/performance.md, sessions
     9 and 10, has the figures). Forward: d128 and d256 at every length (non-causal 1.2-1.6x the
@@ -116,7 +117,8 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool, causal: bool =
     read below the Triton one (session 10, d256: 282 against 357 TFLOP/s), which its kernel
     alone never does. d64 from 1k keys (session 24: at 1k on persistent programs, 421 / 267 TFLOP/s
     non-causal / causal in flashtile bench, against the Triton forward's 370 / 255 in that
-    session's grid; before persistent programs the two traded places there). Backward:
+    session's grid; before persistent programs the two traded places there); ``block_sparse``
+    (the block-sparse forward, which has no persistent programs) from 4k keys, as before. Backward:
     every head dim at every length; the one cell where it trailed in a run, d128 causal at 1k,
     is host-bound and scatters between runs on either side of the Triton backward. d256 (session
     11, gluon_bwd_wide): 377 / 443 / 436 TFLOP/s non-causal at 1k / 4k / 16k and 273 / 389 / 432
@@ -131,7 +133,7 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool, causal: bool =
     d40 backward 200 / 252 / 263, 144 / 222 / 246 against 60 / 69 / 72, 44 / 62 / 69. Other
     padded head dims (e.g. 80, 160) have not been timed."""
     if head_dim in KERNEL_HEAD_DIMS:
-        return backward or head_dim in (128, 256) or seqlen_k >= 1024
+        return backward or head_dim in (128, 256) or seqlen_k >= (4096 if block_sparse else 1024)
     if head_dim == 192 and not backward:
         return not causal or seqlen_k >= 4096
     return head_dim in (40, 96, 192)
@@ -223,7 +225,8 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     if q.numel() == 0 or k.numel() == 0:  # the public API rejects these; a direct op call may not
         return False
     mask = block_mask.mask if block_mask is not None else None
-    if choice == "auto" and not _auto_takes(q, k.shape[2], backward, band.right == 0, mask):
+    if choice == "auto" and not _auto_takes(q, k.shape[2], backward, band.right == 0, mask,
+                                            block_sparse=block_mask is not None):
         return False
     # The device was checked above, once: every tensor here is on q's (the API checks k and v;
     # out and the gradients are made there), so only each one's layout is left to check.
@@ -239,11 +242,12 @@ def _device_runs_them(q: torch.Tensor) -> bool:
     return not interpreting() and q.is_cuda and _unsupported(cuda_index(q.device)) is None
 
 
-def _auto_takes(q: torch.Tensor, seqlen_k: int, backward: bool, causal: bool, mask=None) -> bool:
+def _auto_takes(q: torch.Tensor, seqlen_k: int, backward: bool, causal: bool, mask=None,
+                block_sparse: bool = False) -> bool:
     """Under auto, whether a call the kernels cover takes them: measured faster at its head dim
-    and length (measured_faster), and its kernel (with ``mask``, the block-sparse one with that
-    MaskMod) not recorded as failing to build here."""
-    return (measured_faster(q.shape[-1], seqlen_k, backward, causal=causal)
+    and length (measured_faster; ``block_sparse``: on the block-sparse kernels), and its kernel
+    (with ``mask``, the block-sparse one with that MaskMod) not recorded as failing to build here."""
+    return (measured_faster(q.shape[-1], seqlen_k, backward, causal=causal, block_sparse=block_sparse)
             and _failure_key(backward, q, causal=causal, mask=mask) not in _FAILED)
 
 
@@ -489,7 +493,7 @@ def default_block_mask_tiles(q: torch.Tensor, seqlen_k: int, mask=None) -> tuple
         return BLOCK_M, 64
     choice = setting()  # read here: a typo in it matters only where Gluon could run
     if choice == "auto":
-        wide = LISTED_UNDER_AUTO[False] and _auto_takes(q, seqlen_k, False, False, mask)
+        wide = LISTED_UNDER_AUTO[False] and _auto_takes(q, seqlen_k, False, False, mask, block_sparse=True)
     else:
         wide = choice == "1"
     return (BLOCK_M, 128) if wide else (BLOCK_M, 64)
