@@ -393,6 +393,13 @@ case ${1:-tests} in
       --json "$OUT/bench-persistent.json" > "$OUT/bench-persistent.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-persistent.log"; grep -v "Warn\|warn" "$OUT/fwd-persistent.log"
     grep -A16 "fwd: TFLOP" "$OUT/bench-persistent.log"; cat "$OUT/times.txt" ;;
+  snake)
+    # Attempt 62 (session 24): causal persistent programs in snake turns (hopper.PERSISTENT_SNAKE):
+    # the causal persistent GPU tests (plain and snake turns), then probes/fwd_persistent.py on
+    # causal calls only, two rounds; ~130 s.
+    gluon_tests tests-snake.log "${TEST_LIMIT:-80}" 80 tests/test_gluon.py -m gpu -k "persistent and causal"
+    step timeout 120 python3 benchmarks/probes/fwd_persistent.py --causal yes --rounds 2 > "$OUT/fwd-snake.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-snake.log"; grep -v "Warn\|warn" "$OUT/fwd-snake.log"; cat "$OUT/times.txt" ;;
   tail)
     # The tail split: the last programs of a non-causal fused grid in parts (hopper.tail_split).
     gluon_tests tests-tail.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu -k "tail_split or fused_backward_grid"

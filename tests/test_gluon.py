@@ -799,6 +799,12 @@ def test_persistent_forward_launches_a_program_per_sm_at_most(monkeypatch, head_
     monkeypatch.setattr(hopper, "sm_count", lambda device: 1000)
     hopper.forward(q, k, v, out, 0.125, causal=True)
     assert launches[-1][1] == (tiles,)
+    # snake turns (causal only, where tiles differ in work) when PERSISTENT_SNAKE asks
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 7)
+    monkeypatch.setattr(hopper, "PERSISTENT_SNAKE", True)
+    for causal in (True, False):
+        hopper.forward(q, k, v, out, 0.125, causal=causal)
+        assert launches[-1][3].get("SNAKE", False) is causal
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "yes")
     with pytest.raises(ValueError, match="FLASHTILE_GLUON_FWD_PERSISTENT: expected auto, 0 or 1, got 'yes'"):
         hopper.forward(q, k, v, out, 0.125, causal=True)
@@ -928,8 +934,12 @@ GRID_PERSISTENT = [case for case in GRID if case[2] in ((113, 203), (1023, 1023)
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID_PERSISTENT,
                          ids=[_case_id(case) for case in GRID_PERSISTENT])
-def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal):
+@pytest.mark.parametrize("snake", [False, True], ids=["turns", "snake"])
+def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal, snake):
+    if snake and not causal:
+        pytest.skip("snake turns are for causal calls only")
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "1")
+    monkeypatch.setattr(hopper, "PERSISTENT_SNAKE", snake)
     sq, sk = seqlens
     index = GRID_PERSISTENT.index((dtype, headdim, seqlens, causal))
     heads_q, heads_kv = [(8, 1), (8, 2), (4, 4)][index % 3]

@@ -216,6 +216,9 @@ def gluon_variants(quick: bool):
                                                constexprs["BLOCK_N"], constexprs["NUM_STAGES"])
             yield (f"gluon {name} persistent q{buffers}", gluon_fwd._fwd_pingpong_kernel,
                    dict(constexprs, PERSISTENT=True, Q_BUFFERS=buffers), 4)
+            if constexprs["CAUSAL"] and "SNAKE" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
+                yield (f"gluon {name} persistent q{buffers} snake", gluon_fwd._fwd_pingpong_kernel,
+                       dict(constexprs, PERSISTENT=True, Q_BUFFERS=buffers, SNAKE=True), 4)
     yield from listed_variants(gluon_fwd, quick, regs)
     for d, causal, dtype in [(128, True, "bf16")] if quick else [(128, False, "bf16"), (128, True, "fp16"),
                                                                     (64, True, "bf16")]:

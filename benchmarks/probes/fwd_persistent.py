@@ -9,11 +9,13 @@ consumers finish this tile. A program per Q tile pays the CTA's start, Q's load 
 filling per tile: with 8 K/V tiles a Q tile (1k keys) that is a larger share than with 128. On an
 H200:
 
-1. persistent programs against the float64 oracle at each head dim (odd lengths, q != k, GQA,
+1. persistent programs (plain and snake turns) against the float64 oracle at each head dim (odd lengths, q != k, GQA,
    causal and not, more tiles than programs): the largest error and the tolerance rule's bound;
 2. the forward alone, CUDA graphs of ``hopper.forward`` (no host time), B·N = 16k tokens and
-   H = 2048 / d heads, bf16, causal and not: a program per tile against persistent programs,
-   the consumers as under auto, each the median of ``--rounds`` interleaved rounds.
+   H = 2048 / d heads, bf16, causal and not (``--causal``): a program per tile against persistent
+   programs, and for causal calls persistent programs in snake turns (hopper.PERSISTENT_SNAKE,
+   attempt 62: every other turn of tiles taken in reverse), the consumers as under auto, each
+   the median of ``--rounds`` interleaved rounds.
    TFLOP/s = 4·B·H·N²·d / t, halved when causal.
 """
 
@@ -34,25 +36,33 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from timing import graph_ms  # noqa: E402
 
 
-class _persistent:
-    """FLASHTILE_GLUON_FWD_PERSISTENT set to ``value`` ("0" or "1") for a block."""
+# The launches timed: a program per Q tile, persistent programs in plain turns, and (causal only:
+# the setting does nothing otherwise) in snake turns (hopper.PERSISTENT_SNAKE, attempt 62).
+VARIANTS = {"per tile": ("0", False), "persistent": ("1", False), "snake": ("1", True)}
 
-    def __init__(self, value: str):
-        self.value = value
+
+class _persistent:
+    """FLASHTILE_GLUON_FWD_PERSISTENT and hopper.PERSISTENT_SNAKE as VARIANTS[``name``] says, for a block."""
+
+    def __init__(self, name: str):
+        self.value, self.snake = VARIANTS[name]
 
     def __enter__(self):
-        self.saved = os.environ.get(hopper.FORWARD_PERSISTENT_SWITCH)
+        self.saved = os.environ.get(hopper.FORWARD_PERSISTENT_SWITCH), hopper.PERSISTENT_SNAKE
         os.environ[hopper.FORWARD_PERSISTENT_SWITCH] = self.value
+        hopper.PERSISTENT_SNAKE = self.snake
 
     def __exit__(self, *exc):
-        if self.saved is None:
+        switch, hopper.PERSISTENT_SNAKE = self.saved
+        if switch is None:
             os.environ.pop(hopper.FORWARD_PERSISTENT_SWITCH, None)
         else:
-            os.environ[hopper.FORWARD_PERSISTENT_SWITCH] = self.saved
+            os.environ[hopper.FORWARD_PERSISTENT_SWITCH] = switch
 
 
-def check(head_dim: int) -> str:
-    """Persistent programs against the oracle on odd problems at ``head_dim``; 'ok' or what failed."""
+def check(head_dim: int, variant: str) -> str:
+    """Persistent programs (``variant``: a VARIANTS name) against the oracle on odd problems at
+    ``head_dim``; 'ok' or what failed."""
     torch.manual_seed(0)
     cases = [(2, 17, 17, 4, 4, False), (1, 113, 203, 8, 2, True), (1, 203, 113, 8, 1, False),
              (3, 1000, 1000, 16, 2, True), (1, 1, 1023, 4, 4, True), (2, 4097, 1024, 8, 1, True),
@@ -61,7 +71,7 @@ def check(head_dim: int) -> str:
         q = torch.randn(batch, hq, sq, head_dim, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(batch, hkv, sk, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         out = torch.empty_like(q)
-        with _persistent("1"):
+        with _persistent(variant):
             lse = hopper.forward(q, k, v, out, head_dim ** -0.5, causal)
         oracle, oracle_lse = naive_attention(q, k, v, causal=causal, layout="bhsd", upcast=True, return_lse=True)
         baseline, baseline_lse = naive_attention(q, k, v, causal=causal, layout="bhsd", upcast=False,
@@ -79,41 +89,46 @@ def main() -> None:
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--causal", choices=["no", "yes", "both"], default="both")
     args = parser.parse_args()
+    causals = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
     sms = hopper.sm_count(torch.device("cuda"))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {sms} SMs")
     for head_dim in args.headdims:
-        try:
-            verdict = check(head_dim)
-        except Exception as error:  # noqa: BLE001 - a kernel that does not build: report, go on
-            verdict = f"ERROR {type(error).__name__}: {str(error).splitlines()[0][:100]}"
-        print(f"persistent d{head_dim} against the oracle: {verdict}", flush=True)
+        for variant in ("persistent", "snake"):
+            try:
+                verdict = check(head_dim, variant)
+            except Exception as error:  # noqa: BLE001 - a kernel that does not build: report, go on
+                verdict = f"ERROR {type(error).__name__}: {str(error).splitlines()[0][:100]}"
+            print(f"{variant} d{head_dim} against the oracle: {verdict}", flush=True)
     print(f"\nforward TFLOP/s, CUDA graphs, 16k tokens, 2048 / d heads, bf16; median of {args.rounds} rounds")
-    print(f"{'d':>4} {'causal':>6} {'N':>6} | {'per tile':>9} | {'persistent':>18}")
+    print(f"{'d':>4} {'causal':>6} {'N':>6} | {'per tile':>9} | {'persistent':>18} | {'snake':>18}")
     for head_dim in args.headdims:
-        for causal in (False, True):
+        for causal in causals:
             for seqlen in args.seqlens:
                 batch, heads = max(16384 // seqlen, 1), 2048 // head_dim
                 q, k, v = (torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16)
                            for _ in range(3))
                 out = torch.empty_like(q)
                 flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
-                times = {"0": [], "1": []}
+                times = {name: [] for name in VARIANTS if causal or name != "snake"}
                 for _ in range(args.rounds):
-                    for value in times:
+                    for name in times:
                         try:
-                            with _persistent(value):
-                                times[value].append(graph_ms(
+                            with _persistent(name):
+                                times[name].append(graph_ms(
                                     lambda: hopper.forward(q, k, v, out, head_dim ** -0.5, causal)))
                         except Exception as error:  # noqa: BLE001 - a kernel that does not build: report, go on
-                            times[value].append(float("nan"))
-                            print(f"  {value}: {type(error).__name__}: {str(error).splitlines()[0][:100]}",
+                            times[name].append(float("nan"))
+                            print(f"  {name}: {type(error).__name__}: {str(error).splitlines()[0][:100]}",
                                   flush=True)
                 # (a kernel that failed in any round reads nan)
-                rates = {value: flops / statistics.median(t) * 1e-9 if all(x == x for x in t) else float("nan")
-                         for value, t in times.items()}
-                print(f"{head_dim:>4} {'yes' if causal else 'no':>6} {seqlen:>6} | {rates['0']:9.0f} | "
-                      f"{rates['1']:9.0f} ({rates['1'] / rates['0']:5.2f}x)", flush=True)
+                rates = {name: flops / statistics.median(t) * 1e-9 if all(x == x for x in t) else float("nan")
+                         for name, t in times.items()}
+                base = rates["per tile"]
+                cells = [f"{rates[name]:9.0f} ({rates[name] / base:5.2f}x)" for name in rates if name != "per tile"]
+                print(f"{head_dim:>4} {'yes' if causal else 'no':>6} {seqlen:>6} | {base:9.0f} | " + " | ".join(cells),
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -202,31 +202,94 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
 
 
 @gluon.jit
+def persistent_item(turn, SNAKE: gl.constexpr):
+    """The work item a persistent program takes in its ``turn``-th turn: turn · programs + pid
+    (turns of consecutive items), or with SNAKE every other turn in reverse, turn · programs +
+    programs - 1 - pid. Causal items come heaviest first within a group of heads
+    (q_tile_of_program): in plain turns program 0 takes the heaviest item of every turn, in snake
+    turns the heavy and the light alternate, as in a snake draft. May pass the last item (the
+    caller skips those)."""
+    programs = gl.num_programs(0)
+    pid = gl.program_id(0)
+    if SNAKE:
+        return turn * programs + pid + (turn & 1) * (programs - 1 - 2 * pid)
+    return turn * programs + pid
+
+
+@gluon.jit
+def _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+               v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, ring,
+               local, PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+               CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr):
+    """_persistent_loader's copies for work item ``item``, its ``local``-th, its K/V tiles after the
+    ``ring`` that went round the ring before them: returns how many K/V tiles it has."""
+    batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
+                                                              group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
+                                                              num_items)
+    n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
+    buffer = local % Q_BUFFERS
+    mbarrier.wait(q_empty.index(buffer), ((local // Q_BUFFERS) & 1) ^ 1)  # a new barrier passes at once
+    mbarrier.expect(q_ready.index(buffer), CONSUMERS * q_desc.block_type.nbytes)
+    for part in gl.static_range(CONSUMERS):
+        tma_load(q_desc, [batch, head, q_start + part * PART_M, 0], q_ready.index(buffer),
+                 q_smem.index(buffer * CONSUMERS + part))
+    stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
+                    BLOCK_N, NUM_STAGES, None, ring)
+    return n_tiles
+
+
+@gluon.jit
 def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                        v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k,
                        PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                       CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr):
+                       CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr,
+                       SNAKE: gl.constexpr):
     """_loader for a persistent program: work items pid, pid + programs, ... of the grid's
-    ``num_items``. Item i's Q goes to buffer i % Q_BUFFERS once the consumers have stored the
-    output of the item before it there (q_empty); its K/V tiles follow the previous item's
-    round the same ring, so the next item's first tiles land while this one's last run."""
+    ``num_items`` (with SNAKE, persistent_item's). Item i's Q goes to buffer i % Q_BUFFERS once
+    the consumers have stored the output of the item before it there (q_empty); its K/V tiles
+    follow the previous item's round the same ring, so the next item's first tiles land while
+    this one's last run."""
     ring = 0  # K/V tiles this program has sent round the ring before the item
     local = 0  # items this program has taken before
-    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
-                                                                  group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
-                                                                  num_items)
-        n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
-        buffer = local % Q_BUFFERS
-        mbarrier.wait(q_empty.index(buffer), ((local // Q_BUFFERS) & 1) ^ 1)  # a new barrier passes at once
-        mbarrier.expect(q_ready.index(buffer), CONSUMERS * q_desc.block_type.nbytes)
-        for part in gl.static_range(CONSUMERS):
-            tma_load(q_desc, [batch, head, q_start + part * PART_M, 0], q_ready.index(buffer),
-                     q_smem.index(buffer * CONSUMERS + part))
-        stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
-                        BLOCK_N, NUM_STAGES, None, ring)
-        ring += n_tiles
-        local += 1
+    if SNAKE:
+        for turn in range(gl.cdiv(num_items, gl.num_programs(0))):
+            item = persistent_item(turn, True)
+            if item < num_items:
+                ring += _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                   v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
+                                   group_size, seqlen_q, seqlen_k, ring, local, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES,
+                                   CAUSAL, CONSUMERS, Q_BUFFERS)
+                local += 1
+    else:
+        for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+            ring += _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                               v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
+                               group_size, seqlen_q, seqlen_k, ring, local, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES,
+                               CAUSAL, CONSUMERS, Q_BUFFERS)
+            local += 1
+
+
+@gluon.jit
+def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                  v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks, heads_per_group, num_heads_q,
+                  group_size, seqlen_q, seqlen_k, qk_scale, ring, local, HEAD_DIM: gl.constexpr,
+                  PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr):
+    """_persistent_consumer's work on item ``item``, its ``local``-th, as _consumer runs a
+    program's rows; the item's Q buffer released once its output, staged there, has been stored.
+    Returns how many K/V tiles the item had."""
+    batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
+                                                              group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
+                                                              num_items)
+    n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
+    LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
+    buffer = local % Q_BUFFERS
+    _consumer(part, q_smem, k_smem, v_smem, q_ready.index(buffer), k_ready, v_ready, k_empty, v_empty, o_desc,
+              LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM,
+              PART_M, BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, buffer * CONSUMERS + part,
+              (local // Q_BUFFERS) & 1, ring)
+    mbarrier.arrive(q_empty.index(buffer), count=1)  # _consumer waited for its output's store
+    return n_tiles
 
 
 @gluon.jit
@@ -235,26 +298,28 @@ def _persistent_consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_
                          num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, HEAD_DIM: gl.constexpr,
                          PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                         CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr):
-    """_consumer for a persistent program: the same work items as _persistent_loader's, each
-    item's rows as _consumer runs them; the item's Q buffer released once its output, staged
-    there, has been stored."""
+                         CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, SNAKE: gl.constexpr):
+    """_consumer for a persistent program: the same work items as _persistent_loader's."""
     ring = 0
     local = 0
-    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
-                                                                  group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
-                                                                  num_items)
-        n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
-        LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
-        buffer = local % Q_BUFFERS
-        _consumer(part, q_smem, k_smem, v_smem, q_ready.index(buffer), k_ready, v_ready, k_empty, v_empty, o_desc,
-                  LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM,
-                  PART_M, BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, buffer * CONSUMERS + part,
-                  (local // Q_BUFFERS) & 1, ring)
-        mbarrier.arrive(q_empty.index(buffer), count=1)  # _consumer waited for its output's store
-        ring += n_tiles
-        local += 1
+    if SNAKE:
+        for turn in range(gl.cdiv(num_items, gl.num_programs(0))):
+            item = persistent_item(turn, True)
+            if item < num_items:
+                ring += _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                      k_empty, v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                      heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring,
+                                      local, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
+                                      CONSUMERS, Q_BUFFERS)
+                local += 1
+    else:
+        for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+            ring += _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                  v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                  heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
+                                  HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                                  Q_BUFFERS)
+            local += 1
 
 
 @gluon.jit
@@ -288,7 +353,7 @@ def _fwd_pingpong_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 2, OVERLAP: gl.constexpr = True, PERSISTENT: gl.constexpr = False,
-    Q_BUFFERS: gl.constexpr = 1,
+    Q_BUFFERS: gl.constexpr = 1, SNAKE: gl.constexpr = False,
 ):
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
@@ -303,7 +368,8 @@ def _fwd_pingpong_kernel(
     (True) or one tile's after the other (False; see _consumer).
 
     PERSISTENT: a grid of fewer programs (one per SM), each taking the work items (Q tiles, in
-    the order above) pid, pid + programs, ...: the next item's K/V tiles stream in while this
+    the order above) pid, pid + programs, ... (with SNAKE every other turn reversed:
+    persistent_item): the next item's K/V tiles stream in while this
     one's last tiles and output run, and with Q_BUFFERS = 2 its Q as well (the CTA's start,
     Q's load and the ring's filling are paid once per program instead of once per tile).
     """
@@ -325,16 +391,16 @@ def _fwd_pingpong_kernel(
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS)),
+                                        Q_BUFFERS, SNAKE)),
                 (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS)),
+                                        Q_BUFFERS, SNAKE)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                      CONSUMERS, Q_BUFFERS)),
+                                      CONSUMERS, Q_BUFFERS, SNAKE)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
             gl.warp_specialize([
@@ -342,21 +408,21 @@ def _fwd_pingpong_kernel(
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS)),
+                                        Q_BUFFERS, SNAKE)),
                 (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS)),
+                                        Q_BUFFERS, SNAKE)),
                 (_persistent_consumer, (2, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS)),
+                                        Q_BUFFERS, SNAKE)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                      CONSUMERS, Q_BUFFERS)),
+                                      CONSUMERS, Q_BUFFERS, SNAKE)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, num_heads_q, group_size,

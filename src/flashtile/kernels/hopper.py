@@ -601,6 +601,13 @@ def forward_consumers(head_dim: int) -> int:
 # shared memory holds a second Q buffer its Q, load while this one's last tiles and output run);
 # auto: where persistent_measured_faster says, 0 never, 1 always.
 FORWARD_PERSISTENT_SWITCH = "FLASHTILE_GLUON_FWD_PERSISTENT"
+# Causal persistent programs in snake turns (gluon_fwd.persistent_item's SNAKE: every other turn of
+# Q tiles taken in reverse, so that the program that took a turn's heaviest tile takes the next
+# turn's lightest). Attempt 62 (session 24, probes/fwd_persistent.py, causal, over a program per
+# tile at 1k / 4k / 16k; plain turns beside): d64 1.11 / 1.02 / 0.94 (1.16 / 0.90 / 0.95), d128
+# 0.96 / 0.69 / 0.62 (1.13 / 0.82 / 0.75), d256 0.93 / 0.63 / 0.63 (0.88 / 0.62 / 0.61). Balance
+# is not what causal persistent programs lack; off, each program takes every programs-th tile.
+PERSISTENT_SNAKE = False
 # sm_90's shared memory a block may opt in to, and what a forward CTA takes besides its tiles (the
 # mbarriers), for forward_q_buffers.
 SHARED_MEMORY_BYTES = 227 * 1024
@@ -620,10 +627,10 @@ def persistent_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bo
     4k / 16k keys): d64 non-causal 1.15 / 1.04 / 0.99, causal 1.16 / 0.89 / 0.95; d128
     non-causal 1.17 / 1.00 / 1.01, causal 1.14 / 0.83 / 0.81; d256 non-causal 1.01 / 1.00 /
     0.98, causal 0.88 / 0.64 / 0.65. Short rows gain: a Q tile of 8 K/V tiles pays the CTA's
-    start, Q's load and the ring's filling on few tiles. Causal rows of many tiles lose: their
-    work falls with the tile's rank, and a fixed share of tiles per program balances it worse
-    than the hardware's scheduling of a program per tile. d256 keeps one Q buffer (no room for a
-    second beside its ring), and its 1k causal cell lost. Lengths between 1k and 4k not timed."""
+    start, Q's load and the ring's filling on few tiles. Causal rows of many tiles lose, and not
+    for the balance of their work (snake turns, PERSISTENT_SNAKE, did not help). d256 keeps one
+    Q buffer (no room for a second beside its ring), and its 1k causal cell lost. Lengths between
+    1k and 4k not timed."""
     if head_dim not in (64, 128):
         return False
     return seqlen_k <= 1024 or (head_dim == 64 and not causal and seqlen_k <= 4096)
@@ -696,7 +703,7 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
     overlap = FORWARD_OVERLAP.get(consumers, True)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
            consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_CONSUMER_REGS.get(consumers), overlap,
-           CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs)
+           CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs, PERSISTENT_SNAKE)
     plan = _DENSE_FORWARD_PLANS.get(key)
     if plan is not None:
         return plan
@@ -721,6 +728,8 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
         extra.update(PERSISTENT=True, Q_BUFFERS=forward_q_buffers(head_dim, block_m, block_n, num_stages,
                                                                   q.element_size()))
         programs = min(programs, persistent_programs)
+        if causal and PERSISTENT_SNAKE:
+            extra["SNAKE"] = True
     plan = _DenseForwardPlan(
         grid=(programs,), rows=rows,
         templates=None if any(template is None for template in templates) else templates,
