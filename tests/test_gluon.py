@@ -90,11 +90,19 @@ def test_the_gluon_switches_read_auto_1_or_0_and_the_usual_words_and_reject_anyt
         hopper.setting()
 
 
-def test_auto_takes_gluon_only_where_it_was_measured_faster():
+def test_auto_takes_gluon_only_where_it_was_measured_faster(monkeypatch):
+    monkeypatch.delenv(hopper.FORWARD_PERSISTENT_SWITCH, raising=False)
     assert hopper.measured_faster(128, 1024, backward=False) and hopper.measured_faster(256, 512, backward=False)
-    # d64 forward: from 1k keys (there on persistent programs), the Triton forward below
+    # d64 forward: from 4k keys, and from 1k where it runs on persistent programs (timed there);
+    # the Triton forward below 1k and for causal calls between 1k and 4k keys (a program per tile)
     assert not hopper.measured_faster(64, 512, backward=False) and hopper.measured_faster(64, 1024, backward=False)
-    assert hopper.measured_faster(64, 4096, backward=False)
+    assert hopper.measured_faster(64, 1024, backward=False, causal=True)
+    assert hopper.measured_faster(64, 2048, backward=False)
+    assert not hopper.measured_faster(64, 2048, backward=False, causal=True)
+    assert hopper.measured_faster(64, 4096, backward=False, causal=True)
+    monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0")
+    assert not hopper.measured_faster(64, 1024, backward=False) and hopper.measured_faster(64, 4096, backward=False)
+    monkeypatch.delenv(hopper.FORWARD_PERSISTENT_SWITCH)
     # the block-sparse d64 forward (no persistent programs) from 4k keys, as before them
     assert not hopper.measured_faster(64, 2048, backward=False, block_sparse=True)
     assert hopper.measured_faster(64, 4096, backward=False, block_sparse=True)
@@ -925,8 +933,12 @@ def test_gpu_gluon_forward_on_three_consumers(gluon_calls, monkeypatch, dtype, h
 
 # FLASHTILE_GLUON_FWD_PERSISTENT=1: a program per SM, each taking several Q tiles. Every head dim's
 # kernel, with more Q tiles than the H200's 132 SMs in the larger cases (so programs take several,
-# across heads and batches, the ring's phases running on from one tile to the next).
-GRID_PERSISTENT = [case for case in GRID if case[2] in ((113, 203), (1023, 1023), (4097, 1024), (1, 1023))]
+# across heads and batches, the ring's phases running on from one tile to the next: 333 keys make
+# an odd count of K/V tiles a Q tile, and 4097 keys d128's 3 stages with one Q buffer).
+GRID_PERSISTENT = [case for case in GRID if case[2] in ((113, 203), (1023, 1023), (4097, 1024), (1, 1023))] + [
+    (dtype, d, sq_sk, causal)
+    for dtype, d, sq_sk, causal in itertools.product(
+        [torch.bfloat16], [64, 128, 256], [(4097, 333), (1023, 4097)], [False, True])]
 
 
 @pytest.mark.gpu
@@ -934,19 +946,31 @@ GRID_PERSISTENT = [case for case in GRID if case[2] in ((113, 203), (1023, 1023)
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID_PERSISTENT,
                          ids=[_case_id(case) for case in GRID_PERSISTENT])
+@pytest.mark.parametrize("consumers", ["auto", "2"], ids=["consumers-auto", "two-consumers"])
 @pytest.mark.parametrize("snake", [False, True], ids=["turns", "snake"])
-def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal, snake):
+def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal, snake,
+                                                  consumers):
     if snake and not causal:
         pytest.skip("snake turns are for causal calls only")
+    if consumers == "2" and (hopper.kernel_head_dim(headdim) != 64 or snake):
+        pytest.skip("two consumers differ from auto's count at d64 only")
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "1")
+    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, consumers)
     monkeypatch.setattr(hopper, "PERSISTENT_SNAKE", snake)
+    plans = []  # what hopper.forward launched: persistent programs, not a silent program per tile
+    make_plan = hopper._dense_forward_plan
+    monkeypatch.setattr(hopper, "_dense_forward_plan",
+                        lambda *args: plans.append(make_plan(*args)) or plans[-1])
     sq, sk = seqlens
     index = GRID_PERSISTENT.index((dtype, headdim, seqlens, causal))
     heads_q, heads_kv = [(8, 1), (8, 2), (4, 4)][index % 3]
     layout = ["bshd", "bhsd"][(index // 3) % 2]
-    check_case(3 if sq * sk <= 1024 * 1024 else 1, sq, sk, heads_q * 2, heads_kv * 2, headdim, dtype, causal=causal,
-               layout=layout, bhsd_as_view=index % 4 < 2)
+    batch = 3 if sq * sk <= 1024 * 1024 else 2 if sq * sk <= 4200 * 1024 else 1
+    check_case(batch, sq, sk, heads_q * 2, heads_kv * 2, headdim, dtype, causal=causal, layout=layout,
+               bhsd_as_view=index % 4 < 2)
     assert gluon_calls, "the call did not take the Gluon forward"
+    assert plans and all(plan.constexprs.get("PERSISTENT") for plan in plans), "not on persistent programs"
+    assert all(plan.constexprs.get("SNAKE", False) is (snake and causal) for plan in plans)
 
 
 @pytest.mark.gpu

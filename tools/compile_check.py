@@ -211,7 +211,14 @@ def gluon_variants(quick: bool):
                                                                    Q_ROWS=64, KV_ROWS=128, **regs)),
                                  ("fwd d=256 full bf16 s2", dict(HEAD_DIM=256, BLOCK_M=128, BLOCK_N=64, NUM_STAGES=2,
                                                                  CAUSAL=False, DTYPE="bf16", Q_ROWS=64, KV_ROWS=64,
-                                                                 **regs))][:1 if quick else None]:
+                                                                 **regs)),
+                                 ("fwd d=128 full bf16 s3", dict(HEAD_DIM=128, BLOCK_M=128, BLOCK_N=128,
+                                                                 NUM_STAGES=3, CAUSAL=False, DTYPE="bf16",
+                                                                 Q_ROWS=64, KV_ROWS=128, **regs)),
+                                 ("fwd d=64 causal bf16 s2", dict(HEAD_DIM=64, BLOCK_M=128, BLOCK_N=128,
+                                                                  NUM_STAGES=2, CAUSAL=True, DTYPE="bf16",
+                                                                  Q_ROWS=64, KV_ROWS=128, **regs)),
+                                 ][:1 if quick else None]:
             buffers = hopper.forward_q_buffers(constexprs["HEAD_DIM"], constexprs["BLOCK_M"],
                                                constexprs["BLOCK_N"], constexprs["NUM_STAGES"])
             yield (f"gluon {name} persistent q{buffers}", gluon_fwd._fwd_pingpong_kernel,

@@ -247,8 +247,10 @@ def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, 
     """_loader for a persistent program: work items pid, pid + programs, ... of the grid's
     ``num_items`` (with SNAKE, persistent_item's). Item i's Q goes to buffer i % Q_BUFFERS once
     the consumers have stored the output of the item before it there (q_empty); its K/V tiles
-    follow the previous item's round the same ring, so the next item's first tiles land while
-    this one's last run."""
+    follow the previous item's round the same ring. With two Q buffers the next item's Q and
+    first K/V tiles land while this one's last run; with one, the loader waits for this item's
+    output to be stored before it copies anything of the next (session 24's review: issuing the
+    next item's first NUM_STAGES K/V tiles before that wait would keep the ring's prefetch)."""
     ring = 0  # K/V tiles this program has sent round the ring before the item
     local = 0  # items this program has taken before
     if SNAKE:
@@ -369,9 +371,10 @@ def _fwd_pingpong_kernel(
 
     PERSISTENT: a grid of fewer programs (one per SM), each taking the work items (Q tiles, in
     the order above) pid, pid + programs, ... (with SNAKE every other turn reversed:
-    persistent_item): the next item's K/V tiles stream in while this
-    one's last tiles and output run, and with Q_BUFFERS = 2 its Q as well (the CTA's start,
-    Q's load and the ring's filling are paid once per program instead of once per tile).
+    persistent_item). The CTA's start is paid once per program instead of once per tile, and with
+    Q_BUFFERS = 2 the next item's Q and first K/V tiles load while this one's last tiles and
+    output run; with one buffer the loader waits for this item's output before the next item's
+    copies (_persistent_loader).
     """
     gl.static_assert(num_warps == 4)
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3)

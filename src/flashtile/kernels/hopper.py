@@ -115,10 +115,11 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool, causal: bool =
     9 and 10, has the figures). Forward: d128 and d256 at every length (non-causal 1.2-1.6x the
     Triton forward in session 9); at 1k both paths are host-bound and the Gluon call has also
     read below the Triton one (session 10, d256: 282 against 357 TFLOP/s), which its kernel
-    alone never does. d64 from 1k keys (session 24: at 1k on persistent programs, 421 / 267 TFLOP/s
-    non-causal / causal in flashtile bench, against the Triton forward's 370 / 255 in that
-    session's grid; before persistent programs the two traded places there); ``block_sparse``
-    (the block-sparse forward, which has no persistent programs) from 4k keys, as before. Backward:
+    alone never does. d64 from 4k keys, and from 1k where it runs on persistent programs
+    (forward_persistent; session 24: at 1k, 421 / 267 TFLOP/s non-causal / causal in flashtile
+    bench, against the Triton forward's 370 / 255 in that session's grid); below 4k a program
+    per tile and the Triton forward trade places between runs, and the block-sparse forward
+    (``block_sparse``) has no persistent programs. Backward:
     every head dim at every length; the one cell where it trailed in a run, d128 causal at 1k,
     is host-bound and scatters between runs on either side of the Triton backward. d256 (session
     11, gluon_bwd_wide): 377 / 443 / 436 TFLOP/s non-causal at 1k / 4k / 16k and 273 / 389 / 432
@@ -133,7 +134,9 @@ def measured_faster(head_dim: int, seqlen_k: int, backward: bool, causal: bool =
     d40 backward 200 / 252 / 263, 144 / 222 / 246 against 60 / 69 / 72, 44 / 62 / 69. Other
     padded head dims (e.g. 80, 160) have not been timed."""
     if head_dim in KERNEL_HEAD_DIMS:
-        return backward or head_dim in (128, 256) or seqlen_k >= (4096 if block_sparse else 1024)
+        if backward or head_dim in (128, 256) or seqlen_k >= 4096:
+            return True
+        return seqlen_k >= 1024 and not block_sparse and forward_persistent(head_dim, seqlen_k, causal)
     if head_dim == 192 and not backward:
         return not causal or seqlen_k >= 4096
     return head_dim in (40, 96, 192)
@@ -597,9 +600,9 @@ def forward_consumers(head_dim: int) -> int:
 
 
 # FLASHTILE_GLUON_FWD_PERSISTENT: the dense forward on persistent programs (gluon_fwd's PERSISTENT:
-# one a SM, each taking Q tiles pid, pid + programs, ... so that the next tile's K/V, and where
-# shared memory holds a second Q buffer its Q, load while this one's last tiles and output run);
-# auto: where persistent_measured_faster says, 0 never, 1 always.
+# one a SM, each taking Q tiles pid, pid + programs, ...: the CTA's start paid once per program and,
+# where shared memory holds a second Q buffer, the next tile's Q and first K/V loading while this
+# one's last tiles and output run); auto: where persistent_measured_faster says, 0 never, 1 always.
 FORWARD_PERSISTENT_SWITCH = "FLASHTILE_GLUON_FWD_PERSISTENT"
 # Causal persistent programs in snake turns (gluon_fwd.persistent_item's SNAKE: every other turn of
 # Q tiles taken in reverse, so that the program that took a turn's heaviest tile takes the next
@@ -637,9 +640,10 @@ def persistent_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bo
 
 
 def forward_q_buffers(head_dim: int, block_m: int, block_n: int, num_stages: int, element_size: int = 2) -> int:
-    """Q buffers of a persistent forward CTA: two (the next tile's Q loads during this one) where
-    they fit in shared memory beside the K/V ring, else one (e.g. d256: a 64 KiB Q tile and a
-    128 KiB ring; d128 in 3 stages)."""
+    """Q buffers of a persistent forward CTA: two (the next tile's Q and first K/V tiles load
+    during this one) where they fit in shared memory beside the K/V ring, else one (e.g. d256: a
+    64 KiB Q tile and a 128 KiB ring; d128 in 3 stages), where nothing of the next tile is copied
+    before this one's output has been stored."""
     q_tile = block_m * head_dim * element_size
     ring = 2 * num_stages * block_n * head_dim * element_size
     return 2 if 2 * q_tile + ring + _FORWARD_SHARED_EXTRA <= SHARED_MEMORY_BYTES else 1
@@ -703,7 +707,8 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
     overlap = FORWARD_OVERLAP.get(consumers, True)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
            consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_CONSUMER_REGS.get(consumers), overlap,
-           CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs, PERSISTENT_SNAKE)
+           CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs, PERSISTENT_SNAKE, SHARED_MEMORY_BYTES,
+           _FORWARD_SHARED_EXTRA)
     plan = _DENSE_FORWARD_PLANS.get(key)
     if plan is not None:
         return plan
