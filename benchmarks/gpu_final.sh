@@ -380,6 +380,13 @@ case ${1:-tests} in
       > "$OUT/bench-fwd3.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-fwd3.log"; grep -v "Warn\|warn" "$OUT/fwd-consumers.log"
     grep -A12 "fwd: TFLOP" "$OUT/bench-fwd3.log"; cat "$OUT/times.txt" ;;
+  dynamic)
+    # Attempt 63 (written after session 24's device time): persistent programs on the dynamic
+    # scheduler. Every persistent GPU test (plain, snake, dynamic; the shapes the review added),
+    # then probes/fwd_persistent.py, causal and not, three rounds; ~400 s.
+    gluon_tests tests-dynamic.log "${TEST_LIMIT:-200}" 150 tests/test_gluon.py -m gpu -k "persistent"
+    step timeout 300 python3 benchmarks/probes/fwd_persistent.py > "$OUT/fwd-dynamic.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-dynamic.log"; grep -v "Warn\|warn" "$OUT/fwd-dynamic.log"; cat "$OUT/times.txt" ;;
   persistent)
     # Attempt 61 (session 24): the dense Gluon forward on persistent programs
     # (FLASHTILE_GLUON_FWD_PERSISTENT=1). Its GPU tests, then probes/fwd_persistent.py (each head
@@ -394,9 +401,10 @@ case ${1:-tests} in
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-persistent.log"; grep -v "Warn\|warn" "$OUT/fwd-persistent.log"
     grep -A16 "fwd: TFLOP" "$OUT/bench-persistent.log"; cat "$OUT/times.txt" ;;
   snake)
-    # Attempt 62 (session 24): causal persistent programs in snake turns (hopper.PERSISTENT_SNAKE):
-    # the causal persistent GPU tests (plain and snake turns), then probes/fwd_persistent.py on
-    # causal calls only, two rounds; ~130 s.
+    # Attempts 62 and 63 (session 24): causal persistent programs in snake turns
+    # (hopper.PERSISTENT_SNAKE) and on the dynamic scheduler (hopper.PERSISTENT_DYNAMIC, written
+    # after the device time): the causal persistent GPU tests (plain turns, snake turns, dynamic),
+    # then probes/fwd_persistent.py on causal calls only, two rounds; ~150 s.
     gluon_tests tests-snake.log "${TEST_LIMIT:-80}" 80 tests/test_gluon.py -m gpu -k "persistent and causal"
     step timeout 120 python3 benchmarks/probes/fwd_persistent.py --causal yes --rounds 2 > "$OUT/fwd-snake.log" 2>&1
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-snake.log"; grep -v "Warn\|warn" "$OUT/fwd-snake.log"; cat "$OUT/times.txt" ;;

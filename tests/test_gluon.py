@@ -719,7 +719,7 @@ def test_a_repeated_forward_launches_from_its_plan_with_the_new_tensors(monkeypa
     assert len(hopper._DENSE_FORWARD_PLANS) == 1
     # each thing the plan is worked out from is in its key: another length, causality or scale ...
     assert call(seqlen_k=4096)[2]["NUM_STAGES"] == 3 and call(causal=False)[2]["CAUSAL"] is False
-    assert call(scale=0.25)[1][-1] == 0.25 * hopper.LOG2E
+    assert call(scale=0.25)[1][-3:] == (0.25 * hopper.LOG2E, None, None)  # (no dynamic scheduler's pointers)
     # ... and the module settings it read: a probe's tiles or L2 budget take effect at once
     monkeypatch.setattr(hopper, "_config", lambda head_dim, seqlen_k: (64, 4))
     assert (call()[2]["BLOCK_N"], call()[2]["NUM_STAGES"]) == (64, 4)
@@ -813,6 +813,19 @@ def test_persistent_forward_launches_a_program_per_sm_at_most(monkeypatch, head_
     for causal in (True, False):
         hopper.forward(q, k, v, out, 0.125, causal=causal)
         assert launches[-1][3].get("SNAKE", False) is causal
+        assert launches[-1][2][-2:] == (None, None)  # no dynamic scheduler
+    # the dynamic scheduler (PERSISTENT_DYNAMIC): a zeroed int32 counter and a slot per program and
+    # Q buffer, new for each launch; no snake turns then
+    monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", True)
+    counters = []
+    for causal in (True, True, False):
+        hopper.forward(q, k, v, out, 0.125, causal=causal)
+        (_, grid, args, constexprs) = launches[-1]
+        counter, items = args[-2:]
+        assert counter.dtype == items.dtype == torch.int32 and counter.tolist() == [0]
+        assert items.shape == (grid[0] * constexprs["Q_BUFFERS"],) and "SNAKE" not in constexprs
+        counters.append(counter)
+    assert counters[0] is not counters[1]
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "yes")
     with pytest.raises(ValueError, match="FLASHTILE_GLUON_FWD_PERSISTENT: expected auto, 0 or 1, got 'yes'"):
         hopper.forward(q, k, v, out, 0.125, causal=True)
@@ -947,16 +960,18 @@ GRID_PERSISTENT = [case for case in GRID if case[2] in ((113, 203), (1023, 1023)
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID_PERSISTENT,
                          ids=[_case_id(case) for case in GRID_PERSISTENT])
 @pytest.mark.parametrize("consumers", ["auto", "2"], ids=["consumers-auto", "two-consumers"])
-@pytest.mark.parametrize("snake", [False, True], ids=["turns", "snake"])
-def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal, snake,
+@pytest.mark.parametrize("schedule", ["turns", "snake", "dynamic"])
+def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal, schedule,
                                                   consumers):
+    snake = schedule == "snake"
     if snake and not causal:
         pytest.skip("snake turns are for causal calls only")
-    if consumers == "2" and (hopper.kernel_head_dim(headdim) != 64 or snake):
+    if consumers == "2" and (hopper.kernel_head_dim(headdim) != 64 or schedule != "turns"):
         pytest.skip("two consumers differ from auto's count at d64 only")
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "1")
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, consumers)
     monkeypatch.setattr(hopper, "PERSISTENT_SNAKE", snake)
+    monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", schedule == "dynamic")
     plans = []  # what hopper.forward launched: persistent programs, not a silent program per tile
     make_plan = hopper._dense_forward_plan
     monkeypatch.setattr(hopper, "_dense_forward_plan",
@@ -971,6 +986,7 @@ def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtyp
     assert gluon_calls, "the call did not take the Gluon forward"
     assert plans and all(plan.constexprs.get("PERSISTENT") for plan in plans), "not on persistent programs"
     assert all(plan.constexprs.get("SNAKE", False) is (snake and causal) for plan in plans)
+    assert all((plan.dynamic_slots > 0) is (schedule == "dynamic") for plan in plans)
 
 
 @pytest.mark.gpu

@@ -9,13 +9,16 @@ consumers finish this tile. A program per Q tile pays the CTA's start, Q's load 
 filling per tile: with 8 K/V tiles a Q tile (1k keys) that is a larger share than with 128. On an
 H200:
 
-1. persistent programs (plain and snake turns) against the float64 oracle at each head dim (odd lengths, q != k, GQA,
-   causal and not, more tiles than programs): the largest error and the tolerance rule's bound;
+1. persistent programs (plain and snake turns, the dynamic scheduler) against the float64
+   oracle at each head dim (odd lengths, q != k, GQA, causal and not, more tiles than
+   programs): the largest error and the tolerance rule's bound;
 2. the forward alone, CUDA graphs of ``hopper.forward`` (no host time), B·N = 16k tokens and
    H = 2048 / d heads, bf16, causal and not (``--causal``): a program per tile against persistent
-   programs, and for causal calls persistent programs in snake turns (hopper.PERSISTENT_SNAKE,
-   attempt 62: every other turn of tiles taken in reverse), the consumers as under auto, each
-   the median of ``--rounds`` interleaved rounds.
+   programs, for causal calls persistent programs in snake turns (hopper.PERSISTENT_SNAKE,
+   attempt 62: every other turn of tiles taken in reverse), and persistent programs on the
+   dynamic scheduler (hopper.PERSISTENT_DYNAMIC, attempt 63: each tile the next of a counter
+   shared by the grid), the consumers as under auto, each the median of ``--rounds``
+   interleaved rounds.
    TFLOP/s = 4·B·H·N²·d / t, halved when causal.
 """
 
@@ -36,24 +39,28 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from timing import graph_ms  # noqa: E402
 
 
-# The launches timed: a program per Q tile, persistent programs in plain turns, and (causal only:
-# the setting does nothing otherwise) in snake turns (hopper.PERSISTENT_SNAKE, attempt 62).
-VARIANTS = {"per tile": ("0", False), "persistent": ("1", False), "snake": ("1", True)}
+# The launches timed: a program per Q tile, persistent programs in plain turns, (causal only: the
+# setting does nothing otherwise) in snake turns (hopper.PERSISTENT_SNAKE, attempt 62), and on the
+# dynamic scheduler (hopper.PERSISTENT_DYNAMIC, attempt 63): (switch, snake, dynamic).
+VARIANTS = {"per tile": ("0", False, False), "persistent": ("1", False, False), "snake": ("1", True, False),
+            "dynamic": ("1", False, True)}
 
 
 class _persistent:
-    """FLASHTILE_GLUON_FWD_PERSISTENT and hopper.PERSISTENT_SNAKE as VARIANTS[``name``] says, for a block."""
+    """FLASHTILE_GLUON_FWD_PERSISTENT, hopper.PERSISTENT_SNAKE and hopper.PERSISTENT_DYNAMIC as
+    VARIANTS[``name``] says, for a block."""
 
     def __init__(self, name: str):
-        self.value, self.snake = VARIANTS[name]
+        self.value, self.snake, self.dynamic = VARIANTS[name]
 
     def __enter__(self):
-        self.saved = os.environ.get(hopper.FORWARD_PERSISTENT_SWITCH), hopper.PERSISTENT_SNAKE
+        self.saved = (os.environ.get(hopper.FORWARD_PERSISTENT_SWITCH), hopper.PERSISTENT_SNAKE,
+                      hopper.PERSISTENT_DYNAMIC)
         os.environ[hopper.FORWARD_PERSISTENT_SWITCH] = self.value
-        hopper.PERSISTENT_SNAKE = self.snake
+        hopper.PERSISTENT_SNAKE, hopper.PERSISTENT_DYNAMIC = self.snake, self.dynamic
 
     def __exit__(self, *exc):
-        switch, hopper.PERSISTENT_SNAKE = self.saved
+        switch, hopper.PERSISTENT_SNAKE, hopper.PERSISTENT_DYNAMIC = self.saved
         if switch is None:
             os.environ.pop(hopper.FORWARD_PERSISTENT_SWITCH, None)
         else:
@@ -95,14 +102,15 @@ def main() -> None:
     sms = hopper.sm_count(torch.device("cuda"))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {sms} SMs")
     for head_dim in args.headdims:
-        for variant in ("persistent", "snake"):
+        for variant in ("persistent", "snake", "dynamic"):
             try:
                 verdict = check(head_dim, variant)
             except Exception as error:  # noqa: BLE001 - a kernel that does not build: report, go on
                 verdict = f"ERROR {type(error).__name__}: {str(error).splitlines()[0][:100]}"
             print(f"{variant} d{head_dim} against the oracle: {verdict}", flush=True)
     print(f"\nforward TFLOP/s, CUDA graphs, 16k tokens, 2048 / d heads, bf16; median of {args.rounds} rounds")
-    print(f"{'d':>4} {'causal':>6} {'N':>6} | {'per tile':>9} | {'persistent':>18} | {'snake':>18}")
+    print(f"{'d':>4} {'causal':>6} {'N':>6} | {'per tile':>9} | " +
+          " | ".join(f"{name:>18}" for name in VARIANTS if name != "per tile") + " (snake: causal only)")
     for head_dim in args.headdims:
         for causal in causals:
             for seqlen in args.seqlens:

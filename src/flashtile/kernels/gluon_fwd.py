@@ -220,15 +220,19 @@ def persistent_item(turn, SNAKE: gl.constexpr):
 def _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, ring,
                local, PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-               CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr):
+               CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, Items=None):
     """_persistent_loader's copies for work item ``item``, its ``local``-th, its K/V tiles after the
-    ``ring`` that went round the ring before them: returns how many K/V tiles it has."""
+    ``ring`` that went round the ring before them: returns how many K/V tiles it has. ``Items``
+    (the dynamic scheduler's): the item is written to this program's slot of its Q buffer there,
+    before the Q copy's barrier is armed, for the consumers to read once it completes."""
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
                                                               group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
                                                               num_items)
     n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
     buffer = local % Q_BUFFERS
     mbarrier.wait(q_empty.index(buffer), ((local // Q_BUFFERS) & 1) ^ 1)  # a new barrier passes at once
+    if Items is not None:
+        gl.store(Items + gl.program_id(0) * Q_BUFFERS + buffer, item)
     mbarrier.expect(q_ready.index(buffer), CONSUMERS * q_desc.block_type.nbytes)
     for part in gl.static_range(CONSUMERS):
         tma_load(q_desc, [batch, head, q_start + part * PART_M, 0], q_ready.index(buffer),
@@ -243,7 +247,7 @@ def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, 
                        v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k,
                        PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                       SNAKE: gl.constexpr):
+                       SNAKE: gl.constexpr, TileCounter, Items):
     """_loader for a persistent program: work items pid, pid + programs, ... of the grid's
     ``num_items`` (with SNAKE, persistent_item's). Item i's Q goes to buffer i % Q_BUFFERS once
     the consumers have stored the output of the item before it there (q_empty); its K/V tiles
@@ -253,7 +257,23 @@ def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, 
     next item's first NUM_STAGES K/V tiles before that wait would keep the ring's prefetch)."""
     ring = 0  # K/V tiles this program has sent round the ring before the item
     local = 0  # items this program has taken before
-    if SNAKE:
+    if TileCounter is not None:
+        # The dynamic scheduler: each item is the next of a counter shared by the grid, so the items
+        # running at once stay consecutive in the grid's order, as with a program per tile.
+        item = gl.atomic_add(TileCounter, 1)
+        while item < num_items:
+            ring += _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                               v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
+                               group_size, seqlen_q, seqlen_k, ring, local, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES,
+                               CAUSAL, CONSUMERS, Q_BUFFERS, Items)
+            local += 1
+            item = gl.atomic_add(TileCounter, 1)
+        # The end: num_items in the next buffer's slot, its "ready" barrier completed without a copy.
+        buffer = local % Q_BUFFERS
+        mbarrier.wait(q_empty.index(buffer), ((local // Q_BUFFERS) & 1) ^ 1)
+        gl.store(Items + gl.program_id(0) * Q_BUFFERS + buffer, num_items)
+        mbarrier.arrive(q_ready.index(buffer), count=1)
+    elif SNAKE:
         for turn in range(gl.cdiv(num_items, gl.num_programs(0))):
             item = persistent_item(turn, True)
             if item < num_items:
@@ -300,11 +320,27 @@ def _persistent_consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_
                          num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, HEAD_DIM: gl.constexpr,
                          PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                         CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, SNAKE: gl.constexpr):
-    """_consumer for a persistent program: the same work items as _persistent_loader's."""
+                         CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, SNAKE: gl.constexpr, TileCounter,
+                         Items):
+    """_consumer for a persistent program: the same work items as _persistent_loader's (under the
+    dynamic scheduler, read from ``Items`` once the item's Q buffer is ready)."""
     ring = 0
     local = 0
-    if SNAKE:
+    if TileCounter is not None:
+        slots = Items + gl.program_id(0) * Q_BUFFERS
+        mbarrier.wait(q_ready.index(0), 0)
+        item = gl.load(slots, volatile=True)
+        while item < num_items:
+            ring += _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                  v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                  heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
+                                  HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                                  Q_BUFFERS)
+            local += 1
+            buffer = local % Q_BUFFERS
+            mbarrier.wait(q_ready.index(buffer), (local // Q_BUFFERS) & 1)
+            item = gl.load(slots + buffer, volatile=True)
+    elif SNAKE:
         for turn in range(gl.cdiv(num_items, gl.num_programs(0))):
             item = persistent_item(turn, True)
             if item < num_items:
@@ -351,7 +387,7 @@ def _pipeline_buffers(q_desc, k_desc, v_desc, PART_M: gl.constexpr, HEAD_DIM: gl
 @gluon.jit
 def _fwd_pingpong_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh,
-    num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale,
+    num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale, TileCounter, Items,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 2, OVERLAP: gl.constexpr = True, PERSISTENT: gl.constexpr = False,
@@ -371,7 +407,9 @@ def _fwd_pingpong_kernel(
 
     PERSISTENT: a grid of fewer programs (one per SM), each taking the work items (Q tiles, in
     the order above) pid, pid + programs, ... (with SNAKE every other turn reversed:
-    persistent_item). The CTA's start is paid once per program instead of once per tile, and with
+    persistent_item; with TileCounter, a zeroed int32 counter, and Items, int32 slots of
+    programs × Q_BUFFERS: the next item of the grid's counter, as FlashAttention-3's dynamic
+    scheduler takes it). The CTA's start is paid once per program instead of once per tile, and with
     Q_BUFFERS = 2 the next item's Q and first K/V tiles load while this one's last tiles and
     output run; with one buffer the loader waits for this item's output before the next item's
     copies (_persistent_loader).
@@ -394,16 +432,16 @@ def _fwd_pingpong_kernel(
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE)),
+                                        Q_BUFFERS, SNAKE, TileCounter, Items)),
                 (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE)),
+                                        Q_BUFFERS, SNAKE, TileCounter, Items)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                      CONSUMERS, Q_BUFFERS, SNAKE)),
+                                      CONSUMERS, Q_BUFFERS, SNAKE, TileCounter, Items)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
             gl.warp_specialize([
@@ -411,21 +449,21 @@ def _fwd_pingpong_kernel(
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE)),
+                                        Q_BUFFERS, SNAKE, TileCounter, Items)),
                 (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE)),
+                                        Q_BUFFERS, SNAKE, TileCounter, Items)),
                 (_persistent_consumer, (2, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE)),
+                                        Q_BUFFERS, SNAKE, TileCounter, Items)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                      CONSUMERS, Q_BUFFERS, SNAKE)),
+                                      CONSUMERS, Q_BUFFERS, SNAKE, TileCounter, Items)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, num_heads_q, group_size,
