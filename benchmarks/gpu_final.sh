@@ -384,7 +384,9 @@ case ${1:-tests} in
     # Attempt 63 (written after session 24's device time): persistent programs on the dynamic
     # scheduler. Every persistent GPU test (plain, snake, dynamic; the shapes the review added),
     # then probes/fwd_persistent.py, causal and not, three rounds; ~400 s.
-    gluon_tests tests-dynamic.log "${TEST_LIMIT:-200}" 150 tests/test_gluon.py -m gpu -k "persistent"
+    # (--timeout-method=thread: a test stuck in a CUDA wait is named, which the signal method cannot do)
+    gluon_tests tests-dynamic.log "${TEST_LIMIT:-200}" 150 tests/test_gluon.py -m gpu -k "persistent or dynamic" \
+      --timeout-method=thread
     step timeout 300 python3 benchmarks/probes/fwd_persistent.py > "$OUT/fwd-dynamic.log" 2>&1
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-dynamic.log"; grep -v "Warn\|warn" "$OUT/fwd-dynamic.log"; cat "$OUT/times.txt" ;;
   persistent)

@@ -719,7 +719,7 @@ def test_a_repeated_forward_launches_from_its_plan_with_the_new_tensors(monkeypa
     assert len(hopper._DENSE_FORWARD_PLANS) == 1
     # each thing the plan is worked out from is in its key: another length, causality or scale ...
     assert call(seqlen_k=4096)[2]["NUM_STAGES"] == 3 and call(causal=False)[2]["CAUSAL"] is False
-    assert call(scale=0.25)[1][-3:] == (0.25 * hopper.LOG2E, None, None)  # (no dynamic scheduler's pointers)
+    assert call(scale=0.25)[1][-2:] == (0.25 * hopper.LOG2E, None)  # (no dynamic scheduler's counter)
     # ... and the module settings it read: a probe's tiles or L2 budget take effect at once
     monkeypatch.setattr(hopper, "_config", lambda head_dim, seqlen_k: (64, 4))
     assert (call()[2]["BLOCK_N"], call()[2]["NUM_STAGES"]) == (64, 4)
@@ -813,17 +813,16 @@ def test_persistent_forward_launches_a_program_per_sm_at_most(monkeypatch, head_
     for causal in (True, False):
         hopper.forward(q, k, v, out, 0.125, causal=causal)
         assert launches[-1][3].get("SNAKE", False) is causal
-        assert launches[-1][2][-2:] == (None, None)  # no dynamic scheduler
-    # the dynamic scheduler (PERSISTENT_DYNAMIC): a zeroed int32 counter and a slot per program and
-    # Q buffer, new for each launch; no snake turns then
+        assert launches[-1][2][-1] is None  # no dynamic scheduler
+    # the dynamic scheduler (PERSISTENT_DYNAMIC): a zeroed int32 counter, new for each launch; no
+    # snake turns then
     monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", True)
     counters = []
     for causal in (True, True, False):
         hopper.forward(q, k, v, out, 0.125, causal=causal)
         (_, grid, args, constexprs) = launches[-1]
-        counter, items = args[-2:]
-        assert counter.dtype == items.dtype == torch.int32 and counter.tolist() == [0]
-        assert items.shape == (grid[0] * constexprs["Q_BUFFERS"],) and "SNAKE" not in constexprs
+        counter = args[-1]
+        assert counter.dtype == torch.int32 and counter.tolist() == [0] and "SNAKE" not in constexprs
         counters.append(counter)
     assert counters[0] is not counters[1]
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "yes")
@@ -986,7 +985,7 @@ def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtyp
     assert gluon_calls, "the call did not take the Gluon forward"
     assert plans and all(plan.constexprs.get("PERSISTENT") for plan in plans), "not on persistent programs"
     assert all(plan.constexprs.get("SNAKE", False) is (snake and causal) for plan in plans)
-    assert all((plan.dynamic_slots > 0) is (schedule == "dynamic") for plan in plans)
+    assert all(plan.dynamic is (schedule == "dynamic") for plan in plans)
 
 
 @pytest.mark.gpu
@@ -1063,6 +1062,35 @@ def _captured(step):
     with torch.cuda.graph(graph):
         captured = step()
     return graph, captured
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_gpu_dynamic_scheduler_covers_every_tile_in_each_replay(monkeypatch, head_dim, causal):
+    # The dynamic scheduler's counter is zeroed by each launch (a memset node when captured): a
+    # replay that found it used up would skip every tile. The output starts as NaN, so a tile no
+    # program took shows, and each replay's new inputs must give their own oracle's answer.
+    monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "1")
+    monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", True)
+    q, k, v = (torch.randn(3, 16, 1000, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    graph, lse = _captured(lambda: hopper.forward(q, k, v, out, head_dim ** -0.5, causal))
+    for _ in range(2):
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        oracle, oracle_lse = flashtile.naive_attention(q, k, v, causal=causal, layout="bhsd", upcast=True,
+                                                       return_lse=True)
+        baseline, baseline_lse = flashtile.naive_attention(q, k, v, causal=causal, layout="bhsd", upcast=False,
+                                                           return_lse=True)
+        assert not out.isnan().any(), "a tile was never computed"
+        assert_close_to_oracle("out", out, oracle, baseline)
+        assert_close_to_oracle("lse", lse, oracle_lse, baseline_lse.float())
 
 
 @pytest.mark.gpu

@@ -118,10 +118,10 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
     # passes None for them and 1 parts (constants to Triton).
     if "TAIL_SPLIT" in inspect.signature(kernel.fn).parameters and not constexprs.get("TAIL_SPLIT", False):
         constexprs.update(DkPart=None, DvPart=None, splits=1)
-    # The persistent forward's dynamic scheduler (DYNAMIC, not a parameter): its counter and item
-    # slots are int32 pointers; otherwise a launch passes None for them (constants to Triton).
+    # The persistent forward's dynamic scheduler (DYNAMIC, not a parameter): its counter is an
+    # int32 pointer; otherwise a launch passes None for it (a constant to Triton).
     if "TileCounter" in inspect.signature(kernel.fn).parameters and not constexprs.pop("DYNAMIC", False):
-        constexprs.update(TileCounter=None, Items=None)
+        constexprs.update(TileCounter=None)
     if constexprs.get("ROW_STATS") is False:  # a dQ kernel reading the preprocess's rows: Nones, as at a launch
         from flashtile.kernels import hopper
 
@@ -152,11 +152,11 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
              "LSE": "*fp32", "LSE2": "*fp32", "Delta": "*fp32", "DLSE": "*fp32", "Out": f"*{dtype}", "DO": f"*{dtype}",
              **{name: "*i32" for name in LIST_POINTERS},
              "DkPart": "*fp32", "DvPart": "*fp32", "qk_scale": "fp32", "softmax_scale": "fp32",
-             "TileCounter": "*i32", "Items": "*i32"}
+             "TileCounter": "*i32"}
     signature = {p: "constexpr" if p in constexprs else typed.get(p, "i32") for p in params}
     # Pointers and the padded row stride (a multiple of 128) are 16-aligned at a launch.
     divisible = [p for p in ("LSE", "LSE2", "Delta", "DLSE", "Out", "DO", "stride_lrow", "DkPart", "DvPart",
-                             "TileCounter", "Items", *LIST_POINTERS) if p in params and p not in constexprs]
+                             "TileCounter", *LIST_POINTERS) if p in params and p not in constexprs]
     src = GluonASTSource(fn=kernel, signature=signature,
                          constexprs={(params.index(k),): v for k, v in constexprs.items()},
                          attrs={(params.index(p),): [["tt.divisibility", 16]] for p in divisible})
@@ -232,7 +232,7 @@ def gluon_variants(quick: bool):
             if constexprs["CAUSAL"] and "SNAKE" in parameters:
                 yield (f"gluon {name} persistent q{buffers} snake", gluon_fwd._fwd_pingpong_kernel,
                        dict(constexprs, PERSISTENT=True, Q_BUFFERS=buffers, SNAKE=True), 4)
-            if constexprs["CAUSAL"] and "TileCounter" in parameters:
+            if "TileCounter" in parameters:  # (every persistent config: Q_BUFFERS 1 and 2)
                 yield (f"gluon {name} persistent q{buffers} dynamic", gluon_fwd._fwd_pingpong_kernel,
                        dict(constexprs, PERSISTENT=True, Q_BUFFERS=buffers, DYNAMIC=True), 4)
     yield from listed_variants(gluon_fwd, quick, regs)

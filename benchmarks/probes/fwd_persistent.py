@@ -134,7 +134,9 @@ def main() -> None:
                 rates = {name: flops / statistics.median(t) * 1e-9 if all(x == x for x in t) else float("nan")
                          for name, t in times.items()}
                 base = rates["per tile"]
-                cells = [f"{rates[name]:9.0f} ({rates[name] / base:5.2f}x)" for name in rates if name != "per tile"]
+                # (a column per variant in every row: snake's left blank where it is not timed)
+                cells = [f"{rates[name]:9.0f} ({rates[name] / base:5.2f}x)" if name in rates else f"{'':>18}"
+                         for name in VARIANTS if name != "per tile"]
                 print(f"{head_dim:>4} {'yes' if causal else 'no':>6} {seqlen:>6} | {base:9.0f} | " + " | ".join(cells),
                       flush=True)
 

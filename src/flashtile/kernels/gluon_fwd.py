@@ -217,22 +217,38 @@ def persistent_item(turn, SNAKE: gl.constexpr):
 
 
 @gluon.jit
+def _write_slot(slots, index, value):
+    """The int32 ``value`` into slot ``index`` of ``slots`` ([n, 1] int32 shared memory), from
+    every thread of the partition (the same value)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    slots.index(index).store(gl.full([1], value, gl.int32, layout=layout))
+
+
+@gluon.jit
+def _read_slot(slots, index):
+    """Slot ``index`` of ``slots`` ([n, 1] int32 shared memory), a scalar in every thread."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    return gl.max(slots.index(index).load(layout), axis=0)
+
+
+@gluon.jit
 def _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, ring,
                local, PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-               CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, Items=None):
+               CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, item_slots=None):
     """_persistent_loader's copies for work item ``item``, its ``local``-th, its K/V tiles after the
-    ``ring`` that went round the ring before them: returns how many K/V tiles it has. ``Items``
-    (the dynamic scheduler's): the item is written to this program's slot of its Q buffer there,
-    before the Q copy's barrier is armed, for the consumers to read once it completes."""
+    ``ring`` that went round the ring before them: returns how many K/V tiles it has.
+    ``item_slots`` (the dynamic scheduler's, a shared-memory slot per Q buffer): the item is
+    written to its Q buffer's slot before the Q copy's barrier is armed, for the consumers to
+    read once it completes."""
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
                                                               group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
                                                               num_items)
     n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
     buffer = local % Q_BUFFERS
     mbarrier.wait(q_empty.index(buffer), ((local // Q_BUFFERS) & 1) ^ 1)  # a new barrier passes at once
-    if Items is not None:
-        gl.store(Items + gl.program_id(0) * Q_BUFFERS + buffer, item)
+    if item_slots is not None:
+        _write_slot(item_slots, buffer, item)
     mbarrier.expect(q_ready.index(buffer), CONSUMERS * q_desc.block_type.nbytes)
     for part in gl.static_range(CONSUMERS):
         tma_load(q_desc, [batch, head, q_start + part * PART_M, 0], q_ready.index(buffer),
@@ -247,7 +263,7 @@ def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, 
                        v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k,
                        PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                       SNAKE: gl.constexpr, TileCounter, Items):
+                       SNAKE: gl.constexpr, TileCounter, item_slots):
     """_loader for a persistent program: work items pid, pid + programs, ... of the grid's
     ``num_items`` (with SNAKE, persistent_item's). Item i's Q goes to buffer i % Q_BUFFERS once
     the consumers have stored the output of the item before it there (q_empty); its K/V tiles
@@ -260,18 +276,19 @@ def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, 
     if TileCounter is not None:
         # The dynamic scheduler: each item is the next of a counter shared by the grid, so the items
         # running at once stay consecutive in the grid's order, as with a program per tile.
-        item = gl.atomic_add(TileCounter, 1)
+        # (relaxed: the counter only hands out numbers; nothing else is published through it)
+        item = gl.atomic_add(TileCounter, 1, sem="relaxed")
         while item < num_items:
             ring += _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                group_size, seqlen_q, seqlen_k, ring, local, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES,
-                               CAUSAL, CONSUMERS, Q_BUFFERS, Items)
+                               CAUSAL, CONSUMERS, Q_BUFFERS, item_slots)
             local += 1
-            item = gl.atomic_add(TileCounter, 1)
+            item = gl.atomic_add(TileCounter, 1, sem="relaxed")
         # The end: num_items in the next buffer's slot, its "ready" barrier completed without a copy.
         buffer = local % Q_BUFFERS
         mbarrier.wait(q_empty.index(buffer), ((local // Q_BUFFERS) & 1) ^ 1)
-        gl.store(Items + gl.program_id(0) * Q_BUFFERS + buffer, num_items)
+        _write_slot(item_slots, buffer, num_items)
         mbarrier.arrive(q_ready.index(buffer), count=1)
     elif SNAKE:
         for turn in range(gl.cdiv(num_items, gl.num_programs(0))):
@@ -321,15 +338,14 @@ def _persistent_consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_
                          PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                          CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, SNAKE: gl.constexpr, TileCounter,
-                         Items):
+                         item_slots):
     """_consumer for a persistent program: the same work items as _persistent_loader's (under the
-    dynamic scheduler, read from ``Items`` once the item's Q buffer is ready)."""
+    dynamic scheduler, read from ``item_slots`` once the item's Q buffer is ready)."""
     ring = 0
     local = 0
     if TileCounter is not None:
-        slots = Items + gl.program_id(0) * Q_BUFFERS
         mbarrier.wait(q_ready.index(0), 0)
-        item = gl.load(slots, volatile=True)
+        item = _read_slot(item_slots, 0)
         while item < num_items:
             ring += _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                   v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
@@ -339,7 +355,7 @@ def _persistent_consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_
             local += 1
             buffer = local % Q_BUFFERS
             mbarrier.wait(q_ready.index(buffer), (local // Q_BUFFERS) & 1)
-            item = gl.load(slots + buffer, volatile=True)
+            item = _read_slot(item_slots, buffer)
     elif SNAKE:
         for turn in range(gl.cdiv(num_items, gl.num_programs(0))):
             item = persistent_item(turn, True)
@@ -387,7 +403,7 @@ def _pipeline_buffers(q_desc, k_desc, v_desc, PART_M: gl.constexpr, HEAD_DIM: gl
 @gluon.jit
 def _fwd_pingpong_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh,
-    num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale, TileCounter, Items,
+    num_heads_q, group_size, seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale, TileCounter,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 2, OVERLAP: gl.constexpr = True, PERSISTENT: gl.constexpr = False,
@@ -407,12 +423,12 @@ def _fwd_pingpong_kernel(
 
     PERSISTENT: a grid of fewer programs (one per SM), each taking the work items (Q tiles, in
     the order above) pid, pid + programs, ... (with SNAKE every other turn reversed:
-    persistent_item; with TileCounter, a zeroed int32 counter, and Items, int32 slots of
-    programs × Q_BUFFERS: the next item of the grid's counter, as FlashAttention-3's dynamic
-    scheduler takes it). The CTA's start is paid once per program instead of once per tile, and with
-    Q_BUFFERS = 2 the next item's Q and first K/V tiles load while this one's last tiles and
-    output run; with one buffer the loader waits for this item's output before the next item's
-    copies (_persistent_loader).
+    persistent_item; with TileCounter, a zeroed int32 counter: the next item of the grid's
+    counter, handed from the loader to the consumers through a shared-memory slot per Q buffer,
+    as FlashAttention-3's dynamic scheduler takes it). The CTA's start is paid once per program
+    instead of once per tile, and with Q_BUFFERS = 2 the next item's Q and first K/V tiles load
+    while this one's last tiles and output run; with one buffer the loader waits for this item's
+    output before the next item's copies (_persistent_loader).
     """
     gl.static_assert(num_warps == 4)
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3)
@@ -425,6 +441,9 @@ def _fwd_pingpong_kernel(
         k_smem, v_smem = kv_ring_buffers(k_desc, v_desc, BLOCK_N, HEAD_DIM, NUM_STAGES)
         _, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(NUM_STAGES, CONSUMERS)
         q_ready, q_empty = _persistent_barriers(Q_BUFFERS, CONSUMERS)
+        # The dynamic scheduler's item of each Q buffer (unused, and left out of the build, without
+        # TileCounter: a None made here would not pass to the partitions as a constant).
+        item_slots = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         fence_async_shared()  # the inits visible to the TMA unit before its first copy
         if CONSUMERS == 2:
             gl.warp_specialize([
@@ -432,16 +451,16 @@ def _fwd_pingpong_kernel(
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE, TileCounter, Items)),
+                                        Q_BUFFERS, SNAKE, TileCounter, item_slots)),
                 (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE, TileCounter, Items)),
+                                        Q_BUFFERS, SNAKE, TileCounter, item_slots)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                      CONSUMERS, Q_BUFFERS, SNAKE, TileCounter, Items)),
+                                      CONSUMERS, Q_BUFFERS, SNAKE, TileCounter, item_slots)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
             gl.warp_specialize([
@@ -449,21 +468,21 @@ def _fwd_pingpong_kernel(
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE, TileCounter, Items)),
+                                        Q_BUFFERS, SNAKE, TileCounter, item_slots)),
                 (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE, TileCounter, Items)),
+                                        Q_BUFFERS, SNAKE, TileCounter, item_slots)),
                 (_persistent_consumer, (2, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE, TileCounter, Items)),
+                                        Q_BUFFERS, SNAKE, TileCounter, item_slots)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                      CONSUMERS, Q_BUFFERS, SNAKE, TileCounter, Items)),
+                                      CONSUMERS, Q_BUFFERS, SNAKE, TileCounter, item_slots)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, num_heads_q, group_size,

@@ -611,11 +611,11 @@ FORWARD_PERSISTENT_SWITCH = "FLASHTILE_GLUON_FWD_PERSISTENT"
 # 0.96 / 0.69 / 0.62 (1.13 / 0.82 / 0.75), d256 0.93 / 0.63 / 0.63 (0.88 / 0.62 / 0.61). Balance
 # is not what causal persistent programs lack; off, each program takes every programs-th tile.
 PERSISTENT_SNAKE = False
-# Persistent programs taking their Q tiles from a counter shared by the grid (gluon_fwd's TileCounter
-# and Items; FlashAttention-3's dynamic scheduler): the tiles running at once stay consecutive in the
+# Persistent programs taking their Q tiles from a counter shared by the grid (gluon_fwd's TileCounter;
+# FlashAttention-3's dynamic scheduler): the tiles running at once stay consecutive in the
 # grid's order, as with a program per tile, where fixed turns let causal programs drift apart over
-# more heads' K/V than L2 holds (attempt 62's reading). Each launch takes a zeroed counter and
-# int32 slots of its own (a memset more per call). Attempt 63, written in session 24 after its
+# more heads' K/V than L2 holds (attempt 62's reading). Each launch takes a zeroed counter of its
+# own (a memset more per call). Attempt 63, written in session 24 after its
 # device time: not yet run on a GPU, off.
 PERSISTENT_DYNAMIC = False
 # sm_90's shared memory a block may opt in to, and what a forward CTA takes besides its tiles (the
@@ -679,12 +679,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
         descriptors = [_bound(template, t) for template, t in zip(plan.templates, tensors)]
     else:  # (a Triton whose descriptors cannot be copied: each call builds its own)
         descriptors = [_tile_descriptor(t, rows, head_dim) for t, rows in zip(tensors, plan.rows)]
-    if plan.dynamic_slots:  # the dynamic scheduler's counter, zeroed, and its item slots, per launch
-        counter = torch.zeros(1, dtype=torch.int32, device=q.device)
-        items = torch.empty(plan.dynamic_slots, dtype=torch.int32, device=q.device)
-    else:
-        counter = items = None
-    fast_launch.launch(gluon_fwd._fwd_pingpong_kernel, plan.grid, *descriptors, lse, *plan.scalars, counter, items,
+    # the dynamic scheduler's counter, zeroed for each launch (a memset node under CUDA-graph capture)
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device) if plan.dynamic else None
+    fast_launch.launch(gluon_fwd._fwd_pingpong_kernel, plan.grid, *descriptors, lse, *plan.scalars, counter,
                        **plan.constexprs)
     return lse
 
@@ -699,7 +696,7 @@ class _DenseForwardPlan(NamedTuple):
     templates: tuple | None
     scalars: tuple
     constexprs: dict
-    dynamic_slots: int = 0  # > 0: persistent programs on the dynamic scheduler, its item slots
+    dynamic: bool = False  # persistent programs on the dynamic scheduler (a counter per launch)
 
 
 # Dense forward plans by what they are worked out from: the shapes, strides and dtype, the scale,
@@ -748,7 +745,7 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
         programs = min(programs, persistent_programs)
         if causal and PERSISTENT_SNAKE and not PERSISTENT_DYNAMIC:
             extra["SNAKE"] = True
-    dynamic_slots = programs * extra["Q_BUFFERS"] if persistent_programs and PERSISTENT_DYNAMIC else 0
+    dynamic = bool(persistent_programs and PERSISTENT_DYNAMIC)
     plan = _DenseForwardPlan(
         grid=(programs,), rows=rows,
         templates=None if any(template is None for template in templates) else templates,
@@ -757,7 +754,7 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
                  softmax_scale * LOG2E),
         constexprs=dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=num_stages, CAUSAL=causal,
                         LOADER_REGS=24, CONSUMER_REGS=FORWARD_CONSUMER_REGS[consumers], num_warps=4, **extra),
-        dynamic_slots=dynamic_slots,
+        dynamic=dynamic,
     )
     if len(_DENSE_FORWARD_PLANS) >= _PLANS_MAX:
         _DENSE_FORWARD_PLANS.clear()
