@@ -382,7 +382,7 @@ case ${1:-tests} in
     grep -A12 "fwd: TFLOP" "$OUT/bench-fwd3.log"; cat "$OUT/times.txt" ;;
   dynamic)
     # Attempt 63 (written after session 24's device time): persistent programs on the dynamic
-    # scheduler. Every persistent GPU test (plain, snake, dynamic; the shapes the review added),
+    # scheduler. Every persistent GPU test (fixed turns, dynamic; the shapes the review added),
     # then probes/fwd_persistent.py, causal and not, three rounds; ~400 s.
     # (--timeout-method=thread: a test stuck in a CUDA wait is named, which the signal method cannot do)
     gluon_tests tests-dynamic.log "${TEST_LIMIT:-200}" 150 tests/test_gluon.py -m gpu -k "persistent or dynamic" \
@@ -402,14 +402,6 @@ case ${1:-tests} in
       --json "$OUT/bench-persistent.json" > "$OUT/bench-persistent.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-persistent.log"; grep -v "Warn\|warn" "$OUT/fwd-persistent.log"
     grep -A16 "fwd: TFLOP" "$OUT/bench-persistent.log"; cat "$OUT/times.txt" ;;
-  snake)
-    # Attempts 62 and 63 (session 24): causal persistent programs in snake turns
-    # (hopper.PERSISTENT_SNAKE) and on the dynamic scheduler (hopper.PERSISTENT_DYNAMIC, written
-    # after the device time): the causal persistent GPU tests (plain turns, snake turns, dynamic),
-    # then probes/fwd_persistent.py on causal calls only, two rounds; ~150 s.
-    gluon_tests tests-snake.log "${TEST_LIMIT:-80}" 80 tests/test_gluon.py -m gpu -k "persistent and causal"
-    step timeout 120 python3 benchmarks/probes/fwd_persistent.py --causal yes --rounds 2 > "$OUT/fwd-snake.log" 2>&1
-    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-snake.log"; grep -v "Warn\|warn" "$OUT/fwd-snake.log"; cat "$OUT/times.txt" ;;
   tail)
     # The tail split: the last programs of a non-causal fused grid in parts (hopper.tail_split).
     gluon_tests tests-tail.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu -k "tail_split or fused_backward_grid"

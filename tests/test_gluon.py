@@ -807,22 +807,18 @@ def test_persistent_forward_launches_a_program_per_sm_at_most(monkeypatch, head_
     monkeypatch.setattr(hopper, "sm_count", lambda device: 1000)
     hopper.forward(q, k, v, out, 0.125, causal=True)
     assert launches[-1][1] == (tiles,)
-    # snake turns (causal only, where tiles differ in work) when PERSISTENT_SNAKE asks
     monkeypatch.setattr(hopper, "sm_count", lambda device: 7)
-    monkeypatch.setattr(hopper, "PERSISTENT_SNAKE", True)
     for causal in (True, False):
         hopper.forward(q, k, v, out, 0.125, causal=causal)
-        assert launches[-1][3].get("SNAKE", False) is causal
         assert launches[-1][2][-1] is None  # no dynamic scheduler
-    # the dynamic scheduler (PERSISTENT_DYNAMIC): a zeroed int32 counter, new for each launch; no
-    # snake turns then
+    # the dynamic scheduler (PERSISTENT_DYNAMIC): a zeroed int32 counter, new for each launch
     monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", True)
     counters = []
     for causal in (True, True, False):
         hopper.forward(q, k, v, out, 0.125, causal=causal)
         (_, grid, args, constexprs) = launches[-1]
         counter = args[-1]
-        assert counter.dtype == torch.int32 and counter.tolist() == [0] and "SNAKE" not in constexprs
+        assert counter.dtype == torch.int32 and counter.tolist() == [0]
         counters.append(counter)
     assert counters[0] is not counters[1]
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "yes")
@@ -959,17 +955,13 @@ GRID_PERSISTENT = [case for case in GRID if case[2] in ((113, 203), (1023, 1023)
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID_PERSISTENT,
                          ids=[_case_id(case) for case in GRID_PERSISTENT])
 @pytest.mark.parametrize("consumers", ["auto", "2"], ids=["consumers-auto", "two-consumers"])
-@pytest.mark.parametrize("schedule", ["turns", "snake", "dynamic"])
+@pytest.mark.parametrize("schedule", ["turns", "dynamic"])
 def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal, schedule,
                                                   consumers):
-    snake = schedule == "snake"
-    if snake and not causal:
-        pytest.skip("snake turns are for causal calls only")
     if consumers == "2" and (hopper.kernel_head_dim(headdim) != 64 or schedule != "turns"):
         pytest.skip("two consumers differ from auto's count at d64 only")
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "1")
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, consumers)
-    monkeypatch.setattr(hopper, "PERSISTENT_SNAKE", snake)
     monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", schedule == "dynamic")
     plans = []  # what hopper.forward launched: persistent programs, not a silent program per tile
     make_plan = hopper._dense_forward_plan
@@ -984,7 +976,6 @@ def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtyp
                bhsd_as_view=index % 4 < 2)
     assert gluon_calls, "the call did not take the Gluon forward"
     assert plans and all(plan.constexprs.get("PERSISTENT") for plan in plans), "not on persistent programs"
-    assert all(plan.constexprs.get("SNAKE", False) is (snake and causal) for plan in plans)
     assert all(plan.dynamic is (schedule == "dynamic") for plan in plans)
 
 

@@ -228,11 +228,8 @@ def gluon_variants(quick: bool):
                                                constexprs["BLOCK_N"], constexprs["NUM_STAGES"])
             yield (f"gluon {name} persistent q{buffers}", gluon_fwd._fwd_pingpong_kernel,
                    dict(constexprs, PERSISTENT=True, Q_BUFFERS=buffers), 4)
-            parameters = inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters
-            if constexprs["CAUSAL"] and "SNAKE" in parameters:
-                yield (f"gluon {name} persistent q{buffers} snake", gluon_fwd._fwd_pingpong_kernel,
-                       dict(constexprs, PERSISTENT=True, Q_BUFFERS=buffers, SNAKE=True), 4)
-            if "TileCounter" in parameters:  # (every persistent config: Q_BUFFERS 1 and 2)
+            # the dynamic scheduler on every persistent config (Q_BUFFERS 1 and 2)
+            if "TileCounter" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
                 yield (f"gluon {name} persistent q{buffers} dynamic", gluon_fwd._fwd_pingpong_kernel,
                        dict(constexprs, PERSISTENT=True, Q_BUFFERS=buffers, DYNAMIC=True), 4)
     yield from listed_variants(gluon_fwd, quick, regs)

@@ -202,21 +202,6 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
 
 
 @gluon.jit
-def persistent_item(turn, SNAKE: gl.constexpr):
-    """The work item a persistent program takes in its ``turn``-th turn: turn · programs + pid
-    (turns of consecutive items), or with SNAKE every other turn in reverse, turn · programs +
-    programs - 1 - pid. Causal items come heaviest first within a group of heads
-    (q_tile_of_program): in plain turns program 0 takes the heaviest item of every turn, in snake
-    turns the heavy and the light alternate, as in a snake draft. May pass the last item (the
-    caller skips those)."""
-    programs = gl.num_programs(0)
-    pid = gl.program_id(0)
-    if SNAKE:
-        return turn * programs + pid + (turn & 1) * (programs - 1 - 2 * pid)
-    return turn * programs + pid
-
-
-@gluon.jit
 def _write_slot(slots, index, value):
     """The int32 ``value`` into slot ``index`` of ``slots`` ([n, 1] int32 shared memory), from
     every thread of the partition (the same value)."""
@@ -262,10 +247,10 @@ def _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_
 def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                        v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k,
                        PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                       CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                       SNAKE: gl.constexpr, TileCounter, item_slots):
+                       CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, TileCounter,
+                       item_slots):
     """_loader for a persistent program: work items pid, pid + programs, ... of the grid's
-    ``num_items`` (with SNAKE, persistent_item's). Item i's Q goes to buffer i % Q_BUFFERS once
+    ``num_items`` (with TileCounter, the dynamic scheduler's). Item i's Q goes to buffer i % Q_BUFFERS once
     the consumers have stored the output of the item before it there (q_empty); its K/V tiles
     follow the previous item's round the same ring. With two Q buffers the next item's Q and
     first K/V tiles land while this one's last run; with one, the loader waits for this item's
@@ -290,15 +275,6 @@ def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, 
         mbarrier.wait(q_empty.index(buffer), ((local // Q_BUFFERS) & 1) ^ 1)
         _write_slot(item_slots, buffer, num_items)
         mbarrier.arrive(q_ready.index(buffer), count=1)
-    elif SNAKE:
-        for turn in range(gl.cdiv(num_items, gl.num_programs(0))):
-            item = persistent_item(turn, True)
-            if item < num_items:
-                ring += _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                   v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
-                                   group_size, seqlen_q, seqlen_k, ring, local, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES,
-                                   CAUSAL, CONSUMERS, Q_BUFFERS)
-                local += 1
     else:
         for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
             ring += _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
@@ -337,8 +313,7 @@ def _persistent_consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_
                          num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, HEAD_DIM: gl.constexpr,
                          PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                         CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, SNAKE: gl.constexpr, TileCounter,
-                         item_slots):
+                         CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, TileCounter, item_slots):
     """_consumer for a persistent program: the same work items as _persistent_loader's (under the
     dynamic scheduler, read from ``item_slots`` once the item's Q buffer is ready)."""
     ring = 0
@@ -356,16 +331,6 @@ def _persistent_consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_
             buffer = local % Q_BUFFERS
             mbarrier.wait(q_ready.index(buffer), (local // Q_BUFFERS) & 1)
             item = _read_slot(item_slots, buffer)
-    elif SNAKE:
-        for turn in range(gl.cdiv(num_items, gl.num_programs(0))):
-            item = persistent_item(turn, True)
-            if item < num_items:
-                ring += _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                      k_empty, v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
-                                      heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring,
-                                      local, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                                      CONSUMERS, Q_BUFFERS)
-                local += 1
     else:
         for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
             ring += _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
@@ -407,7 +372,7 @@ def _fwd_pingpong_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 2, OVERLAP: gl.constexpr = True, PERSISTENT: gl.constexpr = False,
-    Q_BUFFERS: gl.constexpr = 1, SNAKE: gl.constexpr = False,
+    Q_BUFFERS: gl.constexpr = 1,
 ):
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
@@ -422,13 +387,13 @@ def _fwd_pingpong_kernel(
     (True) or one tile's after the other (False; see _consumer).
 
     PERSISTENT: a grid of fewer programs (one per SM), each taking the work items (Q tiles, in
-    the order above) pid, pid + programs, ... (with SNAKE every other turn reversed:
-    persistent_item; with TileCounter, a zeroed int32 counter: the next item of the grid's
-    counter, handed from the loader to the consumers through a shared-memory slot per Q buffer,
-    as FlashAttention-3's dynamic scheduler takes it). The CTA's start is paid once per program
-    instead of once per tile, and with Q_BUFFERS = 2 the next item's Q and first K/V tiles load
-    while this one's last tiles and output run; with one buffer the loader waits for this item's
-    output before the next item's copies (_persistent_loader).
+    the order above) pid, pid + programs, ... (with TileCounter, a zeroed int32 counter: the
+    next item of the grid's counter, handed from the loader to the consumers through a
+    shared-memory slot per Q buffer, as FlashAttention-3's dynamic scheduler takes it). The
+    CTA's start is paid once per program instead of once per tile, and with Q_BUFFERS = 2 the
+    next item's Q and first K/V tiles load while this one's last tiles and output run; with one
+    buffer the loader waits for this item's output before the next item's copies
+    (_persistent_loader).
     """
     gl.static_assert(num_warps == 4)
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3)
@@ -451,16 +416,16 @@ def _fwd_pingpong_kernel(
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE, TileCounter, item_slots)),
+                                        Q_BUFFERS, TileCounter, item_slots)),
                 (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE, TileCounter, item_slots)),
+                                        Q_BUFFERS, TileCounter, item_slots)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                      CONSUMERS, Q_BUFFERS, SNAKE, TileCounter, item_slots)),
+                                      CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
             gl.warp_specialize([
@@ -468,21 +433,21 @@ def _fwd_pingpong_kernel(
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE, TileCounter, item_slots)),
+                                        Q_BUFFERS, TileCounter, item_slots)),
                 (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE, TileCounter, item_slots)),
+                                        Q_BUFFERS, TileCounter, item_slots)),
                 (_persistent_consumer, (2, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                         heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
                                         HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, SNAKE, TileCounter, item_slots)),
+                                        Q_BUFFERS, TileCounter, item_slots)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                      CONSUMERS, Q_BUFFERS, SNAKE, TileCounter, item_slots)),
+                                      CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, num_heads_q, group_size,

@@ -604,19 +604,13 @@ def forward_consumers(head_dim: int) -> int:
 # where shared memory holds a second Q buffer, the next tile's Q and first K/V loading while this
 # one's last tiles and output run); auto: where persistent_measured_faster says, 0 never, 1 always.
 FORWARD_PERSISTENT_SWITCH = "FLASHTILE_GLUON_FWD_PERSISTENT"
-# Causal persistent programs in snake turns (gluon_fwd.persistent_item's SNAKE: every other turn of
-# Q tiles taken in reverse, so that the program that took a turn's heaviest tile takes the next
-# turn's lightest). Attempt 62 (session 24, probes/fwd_persistent.py, causal, over a program per
-# tile at 1k / 4k / 16k; plain turns beside): d64 1.11 / 1.02 / 0.94 (1.16 / 0.90 / 0.95), d128
-# 0.96 / 0.69 / 0.62 (1.13 / 0.82 / 0.75), d256 0.93 / 0.63 / 0.63 (0.88 / 0.62 / 0.61). Balance
-# is not what causal persistent programs lack; off, each program takes every programs-th tile.
-PERSISTENT_SNAKE = False
 # Persistent programs taking their Q tiles from a counter shared by the grid (gluon_fwd's TileCounter;
 # FlashAttention-3's dynamic scheduler): the tiles running at once stay consecutive in the
 # grid's order, as with a program per tile, where fixed turns let causal programs drift apart over
-# more heads' K/V than L2 holds (attempt 62's reading). Each launch takes a zeroed counter of its
-# own (a memset more per call). Attempt 63, written in session 24 after its
-# device time: not yet run on a GPU, off.
+# more heads' K/V than L2 holds (attempt 62's reading: its snake turns, which balanced the causal
+# programs' work, lost at d128 causal 4k and 16k, 0.62-0.69x a program per tile, and were removed
+# after session 24). Each launch takes a zeroed counter of its own (a memset more per call).
+# Attempt 63, written in session 24 after its device time: not yet run on a GPU, off.
 PERSISTENT_DYNAMIC = False
 # sm_90's shared memory a block may opt in to, and what a forward CTA takes besides its tiles (the
 # mbarriers), for forward_q_buffers.
@@ -638,7 +632,7 @@ def persistent_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bo
     non-causal 1.17 / 1.00 / 1.01, causal 1.14 / 0.83 / 0.81; d256 non-causal 1.01 / 1.00 /
     0.98, causal 0.88 / 0.64 / 0.65. Short rows gain: a Q tile of 8 K/V tiles pays the CTA's
     start, Q's load and the ring's filling on few tiles. Causal rows of many tiles lose, and not
-    for the balance of their work (snake turns, PERSISTENT_SNAKE, did not help). d256 keeps one
+    for the balance of their work (snake turns, attempt 62, did not help). d256 keeps one
     Q buffer (no room for a second beside its ring), and its 1k causal cell lost. Lengths between
     1k and 4k not timed."""
     if head_dim not in (64, 128):
@@ -717,7 +711,7 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
     overlap = FORWARD_OVERLAP.get(consumers, True)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
            consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_CONSUMER_REGS.get(consumers), overlap,
-           CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs, PERSISTENT_SNAKE, SHARED_MEMORY_BYTES,
+           CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs, SHARED_MEMORY_BYTES,
            _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC)
     plan = _DENSE_FORWARD_PLANS.get(key)
     if plan is not None:
@@ -743,8 +737,6 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
         extra.update(PERSISTENT=True, Q_BUFFERS=forward_q_buffers(head_dim, block_m, block_n, num_stages,
                                                                   q.element_size()))
         programs = min(programs, persistent_programs)
-        if causal and PERSISTENT_SNAKE and not PERSISTENT_DYNAMIC:
-            extra["SNAKE"] = True
     dynamic = bool(persistent_programs and PERSISTENT_DYNAMIC)
     plan = _DenseForwardPlan(
         grid=(programs,), rows=rows,
