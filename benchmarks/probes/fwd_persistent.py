@@ -9,16 +9,15 @@ consumers finish this tile. A program per Q tile pays the CTA's start, Q's load 
 filling per tile: with 8 K/V tiles a Q tile (1k keys) that is a larger share than with 128. On an
 H200:
 
-1. persistent programs (plain and snake turns, the dynamic scheduler) against the float64
+1. persistent programs (in fixed turns and on the dynamic scheduler) against the float64
    oracle at each head dim (odd lengths, q != k, GQA, causal and not, more tiles than
    programs): the largest error and the tolerance rule's bound;
 2. the forward alone, CUDA graphs of ``hopper.forward`` (no host time), B·N = 16k tokens and
    H = 2048 / d heads, bf16, causal and not (``--causal``): a program per tile against persistent
-   programs, for causal calls persistent programs in snake turns (hopper.PERSISTENT_SNAKE,
-   attempt 62: every other turn of tiles taken in reverse), and persistent programs on the
-   dynamic scheduler (hopper.PERSISTENT_DYNAMIC, attempt 63: each tile the next of a counter
-   shared by the grid), the consumers as under auto, each the median of ``--rounds``
-   interleaved rounds.
+   programs in fixed turns and on the dynamic scheduler (hopper.PERSISTENT_DYNAMIC, attempt 63:
+   each tile the next of a counter shared by the grid), the consumers as under auto, each the
+   median of ``--rounds`` interleaved rounds. (Session 24 also timed snake turns, attempt 62:
+   benchmarks/results/2026-12-01-h200-session24/fwd-snake.log; removed since.)
    TFLOP/s = 4·B·H·N²·d / t, halved when causal.
 """
 
@@ -31,36 +30,32 @@ import sys
 
 import torch
 
-from flashtile import naive_attention
 from flashtile.kernels import hopper
-from flashtile.testing import assert_close_to_oracle
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from timing import graph_ms  # noqa: E402
 
+from forward_check import forward_verdict  # noqa: E402 (beside this file)
 
-# The launches timed: a program per Q tile, persistent programs in plain turns, (causal only: the
-# setting does nothing otherwise) in snake turns (hopper.PERSISTENT_SNAKE, attempt 62), and on the
-# dynamic scheduler (hopper.PERSISTENT_DYNAMIC, attempt 63): (switch, snake, dynamic).
-VARIANTS = {"per tile": ("0", False, False), "persistent": ("1", False, False), "snake": ("1", True, False),
-            "dynamic": ("1", False, True)}
+
+# The launches timed: a program per Q tile, persistent programs in fixed turns, and on the dynamic
+# scheduler (hopper.PERSISTENT_DYNAMIC, attempt 63): (switch, dynamic).
+VARIANTS = {"per tile": ("0", False), "persistent": ("1", False), "dynamic": ("1", True)}
 
 
 class _persistent:
-    """FLASHTILE_GLUON_FWD_PERSISTENT, hopper.PERSISTENT_SNAKE and hopper.PERSISTENT_DYNAMIC as
-    VARIANTS[``name``] says, for a block."""
+    """FLASHTILE_GLUON_FWD_PERSISTENT and hopper.PERSISTENT_DYNAMIC as VARIANTS[``name``] says, for a block."""
 
     def __init__(self, name: str):
-        self.value, self.snake, self.dynamic = VARIANTS[name]
+        self.value, self.dynamic = VARIANTS[name]
 
     def __enter__(self):
-        self.saved = (os.environ.get(hopper.FORWARD_PERSISTENT_SWITCH), hopper.PERSISTENT_SNAKE,
-                      hopper.PERSISTENT_DYNAMIC)
+        self.saved = os.environ.get(hopper.FORWARD_PERSISTENT_SWITCH), hopper.PERSISTENT_DYNAMIC
         os.environ[hopper.FORWARD_PERSISTENT_SWITCH] = self.value
-        hopper.PERSISTENT_SNAKE, hopper.PERSISTENT_DYNAMIC = self.snake, self.dynamic
+        hopper.PERSISTENT_DYNAMIC = self.dynamic
 
     def __exit__(self, *exc):
-        switch, hopper.PERSISTENT_SNAKE, hopper.PERSISTENT_DYNAMIC = self.saved
+        switch, hopper.PERSISTENT_DYNAMIC = self.saved
         if switch is None:
             os.environ.pop(hopper.FORWARD_PERSISTENT_SWITCH, None)
         else:
@@ -70,25 +65,16 @@ class _persistent:
 def check(head_dim: int, variant: str) -> str:
     """Persistent programs (``variant``: a VARIANTS name) against the oracle on odd problems at
     ``head_dim``; 'ok' or what failed."""
-    torch.manual_seed(0)
     cases = [(2, 17, 17, 4, 4, False), (1, 113, 203, 8, 2, True), (1, 203, 113, 8, 1, False),
              (3, 1000, 1000, 16, 2, True), (1, 1, 1023, 4, 4, True), (2, 4097, 1024, 8, 1, True),
              (4, 2048, 2048, 32, 8, False)]
-    for batch, sq, sk, hq, hkv, causal in cases:
-        q = torch.randn(batch, hq, sq, head_dim, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(batch, hkv, sk, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+
+    def forward(q, k, v, causal):
         out = torch.empty_like(q)
         with _persistent(variant):
-            lse = hopper.forward(q, k, v, out, head_dim ** -0.5, causal)
-        oracle, oracle_lse = naive_attention(q, k, v, causal=causal, layout="bhsd", upcast=True, return_lse=True)
-        baseline, baseline_lse = naive_attention(q, k, v, causal=causal, layout="bhsd", upcast=False,
-                                                 return_lse=True)
-        try:
-            assert_close_to_oracle("out", out, oracle, baseline)
-            assert_close_to_oracle("lse", lse, oracle_lse, baseline_lse.float())
-        except AssertionError as error:
-            return f"FAILED at {(batch, sq, sk, hq, hkv, causal)}: {str(error).splitlines()[0][:120]}"
-    return "ok"
+            return out, hopper.forward(q, k, v, out, head_dim ** -0.5, causal)
+
+    return forward_verdict(forward, cases, head_dim)
 
 
 def main() -> None:
@@ -102,7 +88,7 @@ def main() -> None:
     sms = hopper.sm_count(torch.device("cuda"))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {sms} SMs")
     for head_dim in args.headdims:
-        for variant in ("persistent", "snake", "dynamic"):
+        for variant in ("persistent", "dynamic"):
             try:
                 verdict = check(head_dim, variant)
             except Exception as error:  # noqa: BLE001 - a kernel that does not build: report, go on
@@ -110,7 +96,7 @@ def main() -> None:
             print(f"{variant} d{head_dim} against the oracle: {verdict}", flush=True)
     print(f"\nforward TFLOP/s, CUDA graphs, 16k tokens, 2048 / d heads, bf16; median of {args.rounds} rounds")
     print(f"{'d':>4} {'causal':>6} {'N':>6} | {'per tile':>9} | " +
-          " | ".join(f"{name:>18}" for name in VARIANTS if name != "per tile") + " (snake: causal only)")
+          " | ".join(f"{name:>18}" for name in VARIANTS if name != "per tile"))
     for head_dim in args.headdims:
         for causal in causals:
             for seqlen in args.seqlens:
@@ -119,7 +105,7 @@ def main() -> None:
                            for _ in range(3))
                 out = torch.empty_like(q)
                 flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
-                times = {name: [] for name in VARIANTS if causal or name != "snake"}
+                times = {name: [] for name in VARIANTS}
                 for _ in range(args.rounds):
                     for name in times:
                         try:
@@ -134,9 +120,7 @@ def main() -> None:
                 rates = {name: flops / statistics.median(t) * 1e-9 if all(x == x for x in t) else float("nan")
                          for name, t in times.items()}
                 base = rates["per tile"]
-                # (a column per variant in every row: snake's left blank where it is not timed)
-                cells = [f"{rates[name]:9.0f} ({rates[name] / base:5.2f}x)" if name in rates else f"{'':>18}"
-                         for name in VARIANTS if name != "per tile"]
+                cells = [f"{rates[name]:9.0f} ({rates[name] / base:5.2f}x)" for name in VARIANTS if name != "per tile"]
                 print(f"{head_dim:>4} {'yes' if causal else 'no':>6} {seqlen:>6} | {base:9.0f} | " + " | ".join(cells),
                       flush=True)
 
