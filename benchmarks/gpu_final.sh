@@ -389,6 +389,17 @@ case ${1:-tests} in
       --timeout-method=thread
     step timeout 300 python3 benchmarks/probes/fwd_persistent.py > "$OUT/fwd-dynamic.log" 2>&1
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-dynamic.log"; grep -v "Warn\|warn" "$OUT/fwd-dynamic.log"; cat "$OUT/times.txt" ;;
+  auto-dynamic)
+    # Session 25: persistent programs under auto for every causal forward (on the dynamic
+    # scheduler) and non-causal d64 / d128 to 4k keys. The Gluon forward's GPU tests under auto
+    # (grids, replay, auto dispatch, causal groups, the persistent and dynamic cases), then the
+    # grid as in `grid`; ~500 s.
+    gluon_tests tests-auto-dynamic.log 250 150 tests/test_gluon.py -m gpu \
+      -k "forward or replay or by_default or causal_grids or persistent or dynamic" --timeout-method=thread
+    step timeout 300 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k 4k 16k \
+      --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -n 3 "$OUT/tests-auto-dynamic.log"; grep -v "Warn" "$OUT/bench.log" | tail -60
+    cat "$OUT/times.txt" ;;
   persistent)
     # Attempt 61 (session 24): the dense Gluon forward on persistent programs
     # (FLASHTILE_GLUON_FWD_PERSISTENT=1). Its GPU tests, then probes/fwd_persistent.py (each head

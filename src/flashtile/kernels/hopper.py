@@ -607,11 +607,13 @@ FORWARD_PERSISTENT_SWITCH = "FLASHTILE_GLUON_FWD_PERSISTENT"
 # Persistent programs taking their Q tiles from a counter shared by the grid (gluon_fwd's TileCounter;
 # FlashAttention-3's dynamic scheduler): the tiles running at once stay consecutive in the
 # grid's order, as with a program per tile, where fixed turns let causal programs drift apart over
-# more heads' K/V than L2 holds (attempt 62's reading: its snake turns, which balanced the causal
-# programs' work, lost at d128 causal 4k and 16k, 0.62-0.69x a program per tile, and were removed
-# after session 24). Each launch takes a zeroed counter of its own (a memset more per call).
-# Attempt 63, written in session 24 after its device time: not yet run on a GPU, off.
-PERSISTENT_DYNAMIC = False
+# more heads' K/V than L2 holds. Session 25 (probes/fwd_persistent.py, CUDA graphs, over a program
+# per tile at 1k / 4k / 16k keys, causal): d64 1.16 / 1.06 / 1.00, d128 1.15 / 1.06 / 1.02, d256
+# 1.03 / 1.09 / 1.03, where fixed turns read 1.17 / 0.92 / 0.96, 1.15 / 0.87 / 0.82, 0.89 / 0.66 /
+# 0.64. Non-causal, the two schedules read the same (within 0.01 at d64 and d128, 1k to 16k), and
+# fixed turns spare the counter's memset, a launch more per call. None (auto): dynamic for causal
+# programs, fixed turns for the rest; True or False: always or never (the tests and the probe).
+PERSISTENT_DYNAMIC: bool | None = None
 # sm_90's shared memory a block may opt in to, and what a forward CTA takes besides its tiles (the
 # mbarriers), for forward_q_buffers.
 SHARED_MEMORY_BYTES = 227 * 1024
@@ -626,18 +628,18 @@ def forward_persistent(head_dim: int, seqlen_k: int, causal: bool) -> bool:
 
 
 def persistent_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
-    """Where persistent programs beat a program per Q tile on the H200 (session 24,
-    probes/fwd_persistent.py, CUDA graphs, bf16, 16k tokens; persistent over per tile at 1k /
-    4k / 16k keys): d64 non-causal 1.15 / 1.04 / 0.99, causal 1.16 / 0.89 / 0.95; d128
-    non-causal 1.17 / 1.00 / 1.01, causal 1.14 / 0.83 / 0.81; d256 non-causal 1.01 / 1.00 /
-    0.98, causal 0.88 / 0.64 / 0.65. Short rows gain: a Q tile of 8 K/V tiles pays the CTA's
-    start, Q's load and the ring's filling on few tiles. Causal rows of many tiles lose, and not
-    for the balance of their work (snake turns, attempt 62, did not help). d256 keeps one
-    Q buffer (no room for a second beside its ring), and its 1k causal cell lost. Lengths between
-    1k and 4k not timed."""
-    if head_dim not in (64, 128):
-        return False
-    return seqlen_k <= 1024 or (head_dim == 64 and not causal and seqlen_k <= 4096)
+    """Where persistent programs beat a program per Q tile on the H200 (probes/fwd_persistent.py,
+    CUDA graphs, bf16, 16k tokens; persistent over per tile at 1k / 4k / 16k keys). Causal, on
+    the dynamic scheduler (session 25): d64 1.16 / 1.06 / 1.00, d128 1.15 / 1.06 / 1.02, d256
+    1.03 / 1.09 / 1.03. Non-causal, in fixed turns (sessions 24 and 25): d64 1.15-1.16 / 1.02-1.04
+    / 0.99-1.01, d128 1.15-1.17 / 1.00-1.01 / 0.98-1.01, d256 1.01 / 1.00-1.03 / 0.98-1.01. Short
+    rows gain: a Q tile of 8 K/V tiles pays the CTA's start, Q's load and the ring's filling on
+    few tiles; long non-causal rows and d256 (one Q buffer: no room for a second beside its
+    ring) gain nothing measurable, and stay a program per tile. Lengths between 1k and 4k not
+    timed."""
+    if causal:
+        return True
+    return head_dim in (64, 128) and seqlen_k <= 4096
 
 
 def forward_q_buffers(head_dim: int, block_m: int, block_n: int, num_stages: int, element_size: int = 2) -> int:
@@ -737,7 +739,7 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
         extra.update(PERSISTENT=True, Q_BUFFERS=forward_q_buffers(head_dim, block_m, block_n, num_stages,
                                                                   q.element_size()))
         programs = min(programs, persistent_programs)
-    dynamic = bool(persistent_programs and PERSISTENT_DYNAMIC)
+    dynamic = bool(persistent_programs) and (causal if PERSISTENT_DYNAMIC is None else PERSISTENT_DYNAMIC)
     plan = _DenseForwardPlan(
         grid=(programs,), rows=rows,
         templates=None if any(template is None for template in templates) else templates,
