@@ -400,6 +400,15 @@ case ${1:-tests} in
       --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
     cat "$OUT/gpu.txt"; tail -n 3 "$OUT/tests-auto-dynamic.log"; grep -v "Warn" "$OUT/bench.log" | tail -60
     cat "$OUT/times.txt" ;;
+  faces-grid)
+    # After a change of what auto chooses: the faces' GPU tests (the calls users make, under auto),
+    # then the grid as in `grid`; ~350 s.
+    gluon_tests tests-faces.log 150 120 tests/test_call_cache.py tests/test_api.py tests/test_sdpa.py tests/test_nn.py
+    step timeout 300 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k 4k 16k \
+      --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -n 3 "$OUT/tests-faces.log"; grep -v "Warn" "$OUT/bench.log" | grep -B3 -A60 "fwd: TFLOP" \
+      | grep -v "First-call" | head -64
+    cat "$OUT/times.txt" ;;
   persistent)
     # Attempt 61 (session 24): the dense Gluon forward on persistent programs
     # (FLASHTILE_GLUON_FWD_PERSISTENT=1). Its GPU tests, then probes/fwd_persistent.py (each head

@@ -809,8 +809,9 @@ def test_persistent_forward_launches_a_program_per_sm_at_most(monkeypatch, head_
     assert launches[-1][1] == (tiles,)
     monkeypatch.setattr(hopper, "sm_count", lambda device: 7)
     # the dynamic scheduler (PERSISTENT_DYNAMIC): a zeroed int32 counter, new for each launch;
-    # by default for causal programs only, whose tiles' work differs
-    for dynamic, schedules in ((None, (True, True, False)), (True, (True, True, True)), (False, (False,) * 3)):
+    # by default for causal programs past 1k keys only, whose tiles' work differs
+    auto = seqlen_k > 1024
+    for dynamic, schedules in ((None, (auto, auto, False)), (True, (True, True, True)), (False, (False,) * 3)):
         monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", dynamic)
         counters = []
         for causal, scheduled in zip((True, True, False), schedules):
@@ -829,9 +830,12 @@ def test_persistent_forward_launches_a_program_per_sm_at_most(monkeypatch, head_
 
 def test_persistent_programs_run_under_auto_where_they_were_measured_faster(monkeypatch):
     monkeypatch.delenv(hopper.FORWARD_PERSISTENT_SWITCH, raising=False)
-    # causal rows at every head dim and length (on the dynamic scheduler); non-causal, short rows
-    # at d64 and d128 (to 4k keys), never at d256
-    assert all(hopper.forward_persistent(d, n, causal=True) for d in (64, 128, 256) for n in (1024, 4096, 16384))
+    # causal rows at every length (d256 past 1k keys), on the dynamic scheduler past 1k keys;
+    # non-causal, short rows at d64 and d128 (to 4k keys), never at d256
+    assert all(hopper.forward_persistent(d, n, causal=True) for d in (64, 128, 256) for n in (1025, 4096, 16384))
+    assert hopper.forward_persistent(128, 1024, causal=True) and not hopper.forward_persistent(256, 1024, True)
+    assert hopper.persistent_dynamic(True, 1025) and not hopper.persistent_dynamic(True, 1024)
+    assert not hopper.persistent_dynamic(False, 16384)
     assert hopper.forward_persistent(64, 4096, causal=False) and hopper.forward_persistent(128, 1024, causal=False)
     assert not hopper.forward_persistent(128, 4097, causal=False) and not hopper.forward_persistent(64, 16384, False)
     assert not hopper.forward_persistent(256, 1024, causal=False)

@@ -610,9 +610,11 @@ FORWARD_PERSISTENT_SWITCH = "FLASHTILE_GLUON_FWD_PERSISTENT"
 # more heads' K/V than L2 holds. Session 25 (probes/fwd_persistent.py, CUDA graphs, over a program
 # per tile at 1k / 4k / 16k keys, causal): d64 1.16 / 1.06 / 1.00, d128 1.15 / 1.06 / 1.02, d256
 # 1.03 / 1.09 / 1.03, where fixed turns read 1.17 / 0.92 / 0.96, 1.15 / 0.87 / 0.82, 0.89 / 0.66 /
-# 0.64. Non-causal, the two schedules read the same (within 0.01 at d64 and d128, 1k to 16k), and
-# fixed turns spare the counter's memset, a launch more per call. None (auto): dynamic for causal
-# programs, fixed turns for the rest; True or False: always or never (the tests and the probe).
+# 0.64. Each launch zeroes a counter of its own: a launch more, which a short call's host pays
+# (the 1k cells are host-bound on the H200's machine). So None (auto): the dynamic scheduler for
+# causal rows past 1k keys; fixed turns elsewhere, which read the same as it at 1k causal (d64,
+# d128) and at every non-causal length timed (within 0.01 at d64 and d128). True or False:
+# always or never (the tests and the probe).
 PERSISTENT_DYNAMIC: bool | None = None
 # sm_90's shared memory a block may opt in to, and what a forward CTA takes besides its tiles (the
 # mbarriers), for forward_q_buffers.
@@ -629,17 +631,26 @@ def forward_persistent(head_dim: int, seqlen_k: int, causal: bool) -> bool:
 
 def persistent_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
     """Where persistent programs beat a program per Q tile on the H200 (probes/fwd_persistent.py,
-    CUDA graphs, bf16, 16k tokens; persistent over per tile at 1k / 4k / 16k keys). Causal, on
-    the dynamic scheduler (session 25): d64 1.16 / 1.06 / 1.00, d128 1.15 / 1.06 / 1.02, d256
-    1.03 / 1.09 / 1.03. Non-causal, in fixed turns (sessions 24 and 25): d64 1.15-1.16 / 1.02-1.04
-    / 0.99-1.01, d128 1.15-1.17 / 1.00-1.01 / 0.98-1.01, d256 1.01 / 1.00-1.03 / 0.98-1.01. Short
-    rows gain: a Q tile of 8 K/V tiles pays the CTA's start, Q's load and the ring's filling on
-    few tiles; long non-causal rows and d256 (one Q buffer: no room for a second beside its
-    ring) gain nothing measurable, and stay a program per tile. Lengths between 1k and 4k not
-    timed."""
+    CUDA graphs, bf16, 16k tokens; persistent over per tile at 1k / 4k / 16k keys). Causal
+    (session 25; at 1k in fixed turns, past it on the dynamic scheduler, as persistent_dynamic
+    chooses): d64 1.17 / 1.06 / 1.00, d128 1.15 / 1.06 / 1.02, d256 0.89 / 1.09 / 1.03 (1.03 at
+    1k on the dynamic scheduler, which costs a launch there). Non-causal, in fixed turns (sessions
+    24 and 25): d64 1.15-1.16 / 1.02-1.04 / 0.99-1.01, d128 1.15-1.17 / 1.00-1.01 / 0.98-1.01,
+    d256 1.01 / 1.00-1.03 / 0.98-1.01. Short rows gain: a Q tile of 8 K/V tiles pays the CTA's
+    start, Q's load and the ring's filling on few tiles; long non-causal rows and non-causal d256
+    (one Q buffer: no room for a second beside its ring) gain nothing measurable, and stay a
+    program per tile. Lengths between 1k and 4k not timed."""
     if causal:
-        return True
+        return head_dim in (64, 128) or seqlen_k > 1024
     return head_dim in (64, 128) and seqlen_k <= 4096
+
+
+def persistent_dynamic(causal: bool, seqlen_k: int) -> bool:
+    """Whether persistent programs take their Q tiles from the dynamic scheduler (PERSISTENT_DYNAMIC;
+    auto: causal rows past 1k keys) rather than in fixed turns."""
+    if PERSISTENT_DYNAMIC is not None:
+        return PERSISTENT_DYNAMIC
+    return causal and seqlen_k > 1024
 
 
 def forward_q_buffers(head_dim: int, block_m: int, block_n: int, num_stages: int, element_size: int = 2) -> int:
@@ -739,7 +750,7 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
         extra.update(PERSISTENT=True, Q_BUFFERS=forward_q_buffers(head_dim, block_m, block_n, num_stages,
                                                                   q.element_size()))
         programs = min(programs, persistent_programs)
-    dynamic = bool(persistent_programs) and (causal if PERSISTENT_DYNAMIC is None else PERSISTENT_DYNAMIC)
+    dynamic = bool(persistent_programs) and persistent_dynamic(causal, seqlen_k)
     plan = _DenseForwardPlan(
         grid=(programs,), rows=rows,
         templates=None if any(template is None for template in templates) else templates,
