@@ -387,8 +387,9 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
                 ("FLASHTILE_GLUON_FWD_CONSUMERS",
                  "unset (auto: three consumer warpgroups at d64, two elsewhere; 2: two everywhere)"),
                 ("FLASHTILE_GLUON_FWD_PERSISTENT",
-                 "unset (auto: persistent forward programs at d64 and d128 up to 1k keys, d64 non-causal to 4k; "
-                 "0: a program per Q tile; 1: always)"),
+                 "unset (auto: persistent forward programs for causal rows (d256 past 1k keys; on a dynamic "
+                 "scheduler past 1k keys) and non-causal d64 and d128 to 4k keys; 0: a program per Q tile; "
+                 "1: always)"),
                 ("FLASHTILE_GLUON_DQ_STATS",
                  "unset (auto: the dQ kernels write the backward's row stats up to 4k keys and under block masks, "
                  "a preprocess launch beyond; 1: always the dQ kernels)"))
