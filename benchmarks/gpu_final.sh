@@ -409,6 +409,14 @@ case ${1:-tests} in
     cat "$OUT/gpu.txt"; tail -n 3 "$OUT/tests-faces.log"; grep -v "Warn" "$OUT/bench.log" | grep -B3 -A60 "fwd: TFLOP" \
       | grep -v "First-call" | head -64
     cat "$OUT/times.txt" ;;
+  early-kv)
+    # Attempt 64 (session 25, after the grid): persistent programs of one Q buffer copying the next
+    # tile's first K/V tiles before the wait for this one's output (hopper.PERSISTENT_EARLY_KV).
+    # Its GPU tests (d128 and d256, fixed turns and dynamic), then probes/fwd_persistent.py at d256,
+    # two rounds; ~150 s.
+    gluon_tests tests-early-kv.log 90 80 tests/test_gluon.py -m gpu -k "early" --timeout-method=thread
+    step timeout 100 python3 benchmarks/probes/fwd_persistent.py --headdims 256 --rounds 2 > "$OUT/fwd-early-kv.log" 2>&1
+    tail -2 "$OUT/tests-early-kv.log"; grep -v "Warn\|warn" "$OUT/fwd-early-kv.log"; cat "$OUT/times.txt" ;;
   persistent)
     # Attempt 61 (session 24): the dense Gluon forward on persistent programs
     # (FLASHTILE_GLUON_FWD_PERSISTENT=1). Its GPU tests, then probes/fwd_persistent.py (each head

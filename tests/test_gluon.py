@@ -803,6 +803,11 @@ def test_persistent_forward_launches_a_program_per_sm_at_most(monkeypatch, head_
     assert constexprs["Q_BUFFERS"] == buffers == hopper.forward_q_buffers(
         hopper.kernel_head_dim(head_dim), constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["NUM_STAGES"])
     assert {key: value for key, value in constexprs.items() if key not in ("PERSISTENT", "Q_BUFFERS")} == plain
+    # the early K/V copies (PERSISTENT_EARLY_KV) go to launches of one Q buffer only
+    monkeypatch.setattr(hopper, "PERSISTENT_EARLY_KV", True)
+    hopper.forward(q, k, v, out, 0.125, causal=True)
+    assert launches[-1][3].get("EARLY_KV", False) is (buffers == 1)
+    monkeypatch.setattr(hopper, "PERSISTENT_EARLY_KV", False)
     # fewer tiles than SMs: a program each
     monkeypatch.setattr(hopper, "sm_count", lambda device: 1000)
     hopper.forward(q, k, v, out, 0.125, causal=True)
@@ -961,11 +966,16 @@ GRID_PERSISTENT = [case for case in GRID if case[2] in ((113, 203), (1023, 1023)
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID_PERSISTENT,
                          ids=[_case_id(case) for case in GRID_PERSISTENT])
 @pytest.mark.parametrize("consumers", ["auto", "2"], ids=["consumers-auto", "two-consumers"])
-@pytest.mark.parametrize("schedule", ["turns", "dynamic"])
+@pytest.mark.parametrize("schedule", ["turns", "dynamic", "early-kv", "turns-early-kv"])
 def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal, schedule,
                                                   consumers):
     if consumers == "2" and (hopper.kernel_head_dim(headdim) != 64 or schedule != "turns"):
         pytest.skip("two consumers differ from auto's count at d64 only")
+    if "early-kv" in schedule and hopper.kernel_head_dim(headdim) == 64:
+        pytest.skip("d64 has two Q buffers: the early K/V copies are for one")
+    # early-kv: the next tile's first K/V tiles copied before the wait for the one Q buffer
+    monkeypatch.setattr(hopper, "PERSISTENT_EARLY_KV", "early-kv" in schedule)
+    schedule = {"early-kv": "dynamic", "turns-early-kv": "turns"}.get(schedule, schedule)
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "1")
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, consumers)
     monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", schedule == "dynamic")
@@ -984,6 +994,8 @@ def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtyp
     assert gluon_calls, "the call did not take the Gluon forward"
     assert plans and all(plan.constexprs.get("PERSISTENT") for plan in plans), "not on persistent programs"
     assert all(plan.dynamic is (schedule == "dynamic") for plan in plans)
+    assert all(plan.constexprs.get("EARLY_KV", False) is (hopper.PERSISTENT_EARLY_KV
+                                                          and plan.constexprs["Q_BUFFERS"] == 1) for plan in plans)
 
 
 @pytest.mark.gpu

@@ -232,6 +232,13 @@ def gluon_variants(quick: bool):
             if "TileCounter" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
                 yield (f"gluon {name} persistent q{buffers} dynamic", gluon_fwd._fwd_pingpong_kernel,
                        dict(constexprs, PERSISTENT=True, Q_BUFFERS=buffers, DYNAMIC=True), 4)
+            # one Q buffer: the next tile's first K/V tiles copied before the wait for it (EARLY_KV)
+            if buffers == 1 and "EARLY_KV" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
+                for dynamic in (False, True):
+                    yield (f"gluon {name} persistent q1 early kv{' dynamic' if dynamic else ''}",
+                           gluon_fwd._fwd_pingpong_kernel,
+                           dict(constexprs, PERSISTENT=True, Q_BUFFERS=1, EARLY_KV=True,
+                                **({"DYNAMIC": True} if dynamic else {})), 4)
     yield from listed_variants(gluon_fwd, quick, regs)
     for d, causal, dtype in [(128, True, "bf16")] if quick else [(128, False, "bf16"), (128, True, "fp16"),
                                                                     (64, True, "bf16")]:

@@ -9,13 +9,16 @@ consumers finish this tile. A program per Q tile pays the CTA's start, Q's load 
 filling per tile: with 8 K/V tiles a Q tile (1k keys) that is a larger share than with 128. On an
 H200:
 
-1. persistent programs (in fixed turns and on the dynamic scheduler) against the float64
+1. persistent programs (each variant below) against the float64
    oracle at each head dim (odd lengths, q != k, GQA, causal and not, more tiles than
    programs): the largest error and the tolerance rule's bound;
 2. the forward alone, CUDA graphs of ``hopper.forward`` (no host time), B·N = 16k tokens and
    H = 2048 / d heads, bf16, causal and not (``--causal``): a program per tile against persistent
    programs in fixed turns and on the dynamic scheduler (hopper.PERSISTENT_DYNAMIC, attempt 63:
-   each tile the next of a counter shared by the grid), the consumers as under auto, each the
+   each tile the next of a counter shared by the grid), and on it with the next tile's first K/V
+   tiles copied before the wait for this one's output where there is one Q buffer
+   (hopper.PERSISTENT_EARLY_KV, attempt 64: d256, d128 in 3 stages; elsewhere the same launch
+   as "dynamic"), the consumers as under auto, each the
    median of ``--rounds`` interleaved rounds. (Session 24 also timed snake turns, attempt 62:
    benchmarks/results/2026-12-01-h200-session24/fwd-snake.log; removed since.)
    TFLOP/s = 4·B·H·N²·d / t, halved when causal.
@@ -38,24 +41,29 @@ from timing import graph_ms  # noqa: E402
 from forward_check import forward_verdict  # noqa: E402 (beside this file)
 
 
-# The launches timed: a program per Q tile, persistent programs in fixed turns, and on the dynamic
-# scheduler (hopper.PERSISTENT_DYNAMIC, attempt 63): (switch, dynamic).
-VARIANTS = {"per tile": ("0", False), "persistent": ("1", False), "dynamic": ("1", True)}
+# The launches timed: a program per Q tile, persistent programs in fixed turns, on the dynamic
+# scheduler (hopper.PERSISTENT_DYNAMIC, attempt 63), and on it with the next tile's first K/V tiles
+# copied early where there is one Q buffer (hopper.PERSISTENT_EARLY_KV, attempt 64): (switch,
+# dynamic, early K/V).
+VARIANTS = {"per tile": ("0", False, False), "persistent": ("1", False, False), "dynamic": ("1", True, False),
+            "dynamic early kv": ("1", True, True)}
 
 
 class _persistent:
-    """FLASHTILE_GLUON_FWD_PERSISTENT and hopper.PERSISTENT_DYNAMIC as VARIANTS[``name``] says, for a block."""
+    """FLASHTILE_GLUON_FWD_PERSISTENT, hopper.PERSISTENT_DYNAMIC and hopper.PERSISTENT_EARLY_KV as
+    VARIANTS[``name``] says, for a block."""
 
     def __init__(self, name: str):
-        self.value, self.dynamic = VARIANTS[name]
+        self.value, self.dynamic, self.early = VARIANTS[name]
 
     def __enter__(self):
-        self.saved = os.environ.get(hopper.FORWARD_PERSISTENT_SWITCH), hopper.PERSISTENT_DYNAMIC
+        self.saved = (os.environ.get(hopper.FORWARD_PERSISTENT_SWITCH), hopper.PERSISTENT_DYNAMIC,
+                      hopper.PERSISTENT_EARLY_KV)
         os.environ[hopper.FORWARD_PERSISTENT_SWITCH] = self.value
-        hopper.PERSISTENT_DYNAMIC = self.dynamic
+        hopper.PERSISTENT_DYNAMIC, hopper.PERSISTENT_EARLY_KV = self.dynamic, self.early
 
     def __exit__(self, *exc):
-        switch, hopper.PERSISTENT_DYNAMIC = self.saved
+        switch, hopper.PERSISTENT_DYNAMIC, hopper.PERSISTENT_EARLY_KV = self.saved
         if switch is None:
             os.environ.pop(hopper.FORWARD_PERSISTENT_SWITCH, None)
         else:
@@ -88,7 +96,7 @@ def main() -> None:
     sms = hopper.sm_count(torch.device("cuda"))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {sms} SMs")
     for head_dim in args.headdims:
-        for variant in ("persistent", "dynamic"):
+        for variant in (name for name in VARIANTS if name != "per tile"):
             try:
                 verdict = check(head_dim, variant)
             except Exception as error:  # noqa: BLE001 - a kernel that does not build: report, go on

@@ -50,14 +50,14 @@ def accumulator_layout(num_warps, columns):
 
 @gluon.jit
 def stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
-                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, tiles=None, first=0):
+                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, tiles=None, first=0, start=0):
     """The loader's loop of the forward and dQ kernels: K and V tile j of (batch, head_kv)
     into ring slot (first + j) % NUM_STAGES, each once the consumers have released the slot's
     previous tile (its "empty" barrier) and signalled on its "ready" barrier. With ``tiles``
     (a pointer to a block mask's list of K/V tile numbers), step j copies tile tiles[j].
     ``first``: the tiles that went round the ring before these (a persistent program's earlier
-    work items)."""
-    for j in range(n_tiles):
+    work items). ``start``: the step to begin at (the steps before it copied by an earlier call)."""
+    for j in range(start, n_tiles):
         if tiles is None:
             key_start = j * BLOCK_N
         else:

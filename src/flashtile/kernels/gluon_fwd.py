@@ -220,16 +220,25 @@ def _read_slot(slots, index):
 def _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, ring,
                local, PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-               CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, item_slots=None):
+               CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, item_slots=None,
+               EARLY_KV: gl.constexpr = False):
     """_persistent_loader's copies for work item ``item``, its ``local``-th, its K/V tiles after the
     ``ring`` that went round the ring before them: returns how many K/V tiles it has.
     ``item_slots`` (the dynamic scheduler's, a shared-memory slot per Q buffer): the item is
     written to its Q buffer's slot before the Q copy's barrier is armed, for the consumers to
-    read once it completes."""
+    read once it completes. EARLY_KV (one Q buffer): the item's first NUM_STAGES K/V tiles are
+    copied before the wait for the Q buffer, which ends only once the previous item's output has
+    been stored from it; they need only ring slots the previous item's tiles free as they are
+    consumed, so the ring fills while that item's last tiles and output run."""
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
                                                               group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
                                                               num_items)
     n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
+    early = 0
+    if EARLY_KV:
+        early = gl.minimum(n_tiles, NUM_STAGES)
+        stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, early,
+                        BLOCK_N, NUM_STAGES, None, ring)
     buffer = local % Q_BUFFERS
     mbarrier.wait(q_empty.index(buffer), ((local // Q_BUFFERS) & 1) ^ 1)  # a new barrier passes at once
     if item_slots is not None:
@@ -239,7 +248,7 @@ def _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_
         tma_load(q_desc, [batch, head, q_start + part * PART_M, 0], q_ready.index(buffer),
                  q_smem.index(buffer * CONSUMERS + part))
     stream_kv_tiles(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, batch, head_kv, n_tiles,
-                    BLOCK_N, NUM_STAGES, None, ring)
+                    BLOCK_N, NUM_STAGES, None, ring, early)
     return n_tiles
 
 
@@ -248,14 +257,14 @@ def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, 
                        v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k,
                        PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, TileCounter,
-                       item_slots):
+                       item_slots, EARLY_KV: gl.constexpr):
     """_loader for a persistent program: work items pid, pid + programs, ... of the grid's
     ``num_items`` (with TileCounter, the dynamic scheduler's). Item i's Q goes to buffer i % Q_BUFFERS once
     the consumers have stored the output of the item before it there (q_empty); its K/V tiles
     follow the previous item's round the same ring. With two Q buffers the next item's Q and
     first K/V tiles land while this one's last run; with one, the loader waits for this item's
-    output to be stored before it copies anything of the next (session 24's review: issuing the
-    next item's first NUM_STAGES K/V tiles before that wait would keep the ring's prefetch)."""
+    output to be stored before it copies the next one's Q, and (EARLY_KV) copies the next one's
+    first NUM_STAGES K/V tiles before that wait (_load_item)."""
     ring = 0  # K/V tiles this program has sent round the ring before the item
     local = 0  # items this program has taken before
     if TileCounter is not None:
@@ -267,7 +276,7 @@ def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, 
             ring += _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                group_size, seqlen_q, seqlen_k, ring, local, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES,
-                               CAUSAL, CONSUMERS, Q_BUFFERS, item_slots)
+                               CAUSAL, CONSUMERS, Q_BUFFERS, item_slots, EARLY_KV)
             local += 1
             item = gl.atomic_add(TileCounter, 1, sem="relaxed")
         # The end: num_items in the next buffer's slot, its "ready" barrier completed without a copy.
@@ -280,7 +289,7 @@ def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, 
             ring += _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                group_size, seqlen_q, seqlen_k, ring, local, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES,
-                               CAUSAL, CONSUMERS, Q_BUFFERS)
+                               CAUSAL, CONSUMERS, Q_BUFFERS, None, EARLY_KV)
             local += 1
 
 
@@ -372,7 +381,7 @@ def _fwd_pingpong_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 2, OVERLAP: gl.constexpr = True, PERSISTENT: gl.constexpr = False,
-    Q_BUFFERS: gl.constexpr = 1,
+    Q_BUFFERS: gl.constexpr = 1, EARLY_KV: gl.constexpr = False,
 ):
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
@@ -392,8 +401,8 @@ def _fwd_pingpong_kernel(
     shared-memory slot per Q buffer, as FlashAttention-3's dynamic scheduler takes it). The
     CTA's start is paid once per program instead of once per tile, and with Q_BUFFERS = 2 the
     next item's Q and first K/V tiles load while this one's last tiles and output run; with one
-    buffer the loader waits for this item's output before the next item's copies
-    (_persistent_loader).
+    buffer the loader waits for this item's output before the next item's Q, and with EARLY_KV
+    copies that item's first K/V tiles before the wait (_persistent_loader).
     """
     gl.static_assert(num_warps == 4)
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3)
@@ -425,7 +434,7 @@ def _fwd_pingpong_kernel(
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                      CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                                      CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EARLY_KV)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
             gl.warp_specialize([
@@ -447,7 +456,7 @@ def _fwd_pingpong_kernel(
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                      CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                                      CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EARLY_KV)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, num_heads_q, group_size,

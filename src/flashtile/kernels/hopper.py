@@ -616,6 +616,11 @@ FORWARD_PERSISTENT_SWITCH = "FLASHTILE_GLUON_FWD_PERSISTENT"
 # d128) and at every non-causal length timed (within 0.01 at d64 and d128). True or False:
 # always or never (the tests and the probe).
 PERSISTENT_DYNAMIC: bool | None = None
+# A persistent program with one Q buffer (d256; d128 in 3 stages) copies the next tile's first K/V tiles
+# before it waits for this tile's output to leave that buffer (gluon_fwd's EARLY_KV), where without
+# it nothing of the next tile is copied before then. Written in session 25 after its device time:
+# not yet run on a GPU, off.
+PERSISTENT_EARLY_KV = False
 # sm_90's shared memory a block may opt in to, and what a forward CTA takes besides its tiles (the
 # mbarriers), for forward_q_buffers.
 SHARED_MEMORY_BYTES = 227 * 1024
@@ -727,7 +732,7 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
            consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_CONSUMER_REGS.get(consumers), overlap,
            CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs, SHARED_MEMORY_BYTES,
-           _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC)
+           _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC, PERSISTENT_EARLY_KV)
     plan = _DENSE_FORWARD_PLANS.get(key)
     if plan is not None:
         return plan
@@ -751,6 +756,8 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
     if persistent_programs:
         extra.update(PERSISTENT=True, Q_BUFFERS=forward_q_buffers(head_dim, block_m, block_n, num_stages,
                                                                   q.element_size()))
+        if PERSISTENT_EARLY_KV and extra["Q_BUFFERS"] == 1:
+            extra["EARLY_KV"] = True
         programs = min(programs, persistent_programs)
     dynamic = bool(persistent_programs) and persistent_dynamic(causal, seqlen_k)
     plan = _DenseForwardPlan(
