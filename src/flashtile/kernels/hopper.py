@@ -618,8 +618,10 @@ FORWARD_PERSISTENT_SWITCH = "FLASHTILE_GLUON_FWD_PERSISTENT"
 PERSISTENT_DYNAMIC: bool | None = None
 # A persistent program with one Q buffer (d256; d128 in 3 stages) copies the next tile's first K/V tiles
 # before it waits for this tile's output to leave that buffer (gluon_fwd's EARLY_KV), where without
-# it nothing of the next tile is copied before then. Written in session 25 after its device time:
-# not yet run on a GPU, off.
+# it nothing of the next tile is copied before then (attempt 64). Session 25, d256 (probes/fwd_persistent.py,
+# two rounds, over a program per tile, the dynamic scheduler without / with it): non-causal 1.01 / 1.02,
+# 0.97 / 1.01, 0.95 / 0.98 at 1k / 4k / 16k, causal 1.02 / 1.02 and 0.99 / 1.00 at 1k and 4k: within
+# the runs' noise where auto runs persistent programs, so off.
 PERSISTENT_EARLY_KV = False
 # sm_90's shared memory a block may opt in to, and what a forward CTA takes besides its tiles (the
 # mbarriers), for forward_q_buffers.
