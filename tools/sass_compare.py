@@ -45,8 +45,11 @@ def dump(directory: str, only: str | None) -> int:
         if only and only not in name:
             continue
         parameters = inspect.signature(kernel.fn).parameters
+        # (DYNAMIC is compile_check's switch for the forward's TileCounter, not a parameter: kept
+        # where the kernel has that counter, or its "dynamic" variants would build fixed turns)
         constexprs = {key: value for key, value in constexprs.items()
-                      if key in parameters or (stages is None and key in compile_check.DESCRIPTOR_KEYS)}
+                      if key in parameters or (stages is None and key in compile_check.DESCRIPTOR_KEYS)
+                      or (key == "DYNAMIC" and "TileCounter" in parameters)}
         compiled = (compile_check.compile_variant(kernel, constexprs, warps, stages) if stages is not None
                     else compile_check.compile_gluon_variant(kernel, constexprs, warps))
         with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
