@@ -119,6 +119,8 @@ FUSED_SELECTION="fused or deterministic or backward or same_bits or replay or by
 # heaviest files, tests-b the Gluon and TMA files, tests-c the rest.
 HEAVY_TESTS="tests/test_kernels.py tests/test_properties.py"
 GLUON_TESTS="tests/test_gluon.py tests/test_gluon_listed.py tests/test_tma.py"
+# The faces' test files (the calls users make: attention(), SDPA, nn modules, the checked-call cache).
+FACE_TESTS="tests/test_call_cache.py tests/test_api.py tests/test_sdpa.py tests/test_nn.py"
 case ${1:-tests} in
   tests-a|tests-b|tests-c)
     case $1 in
@@ -333,8 +335,7 @@ case ${1:-tests} in
     # Session 23's leaner host path (a plain call's checks remembered in call_cache.py, the autograd
     # Function's six arguments, the dense forward's launch plans): the GPU tests of the faces and
     # of the Gluon forward (grids, auto dispatch, CUDA-graph replay, causal head groups); ~300 s.
-    gluon_tests tests-host-path.log 150 120 tests/test_call_cache.py tests/test_api.py tests/test_sdpa.py \
-      tests/test_nn.py
+    gluon_tests tests-host-path.log 150 120 $FACE_TESTS
     gluon_tests tests-host-path-gluon.log 240 200 tests/test_gluon.py -m gpu \
       -k "forward or replay or by_default or causal_grids"
     cat "$OUT/gpu.txt"; tail -n 3 "$OUT/tests-host-path.log" "$OUT/tests-host-path-gluon.log"; cat "$OUT/times.txt" ;;
@@ -396,19 +397,14 @@ case ${1:-tests} in
     # grid as in `grid`; ~500 s.
     gluon_tests tests-auto-dynamic.log 250 150 tests/test_gluon.py -m gpu \
       -k "forward or replay or by_default or causal_grids or persistent or dynamic" --timeout-method=thread
-    step timeout 300 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k 4k 16k \
-      --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
-    cat "$OUT/gpu.txt"; tail -n 3 "$OUT/tests-auto-dynamic.log"; grep -v "Warn" "$OUT/bench.log" | tail -60
-    cat "$OUT/times.txt" ;;
+    tail -n 3 "$OUT/tests-auto-dynamic.log"
+    OUT=$OUT bash "$0" grid ;;
   faces-grid)
     # After a change of what auto chooses: the faces' GPU tests (the calls users make, under auto),
     # then the grid as in `grid`; ~350 s.
-    gluon_tests tests-faces.log 150 120 tests/test_call_cache.py tests/test_api.py tests/test_sdpa.py tests/test_nn.py
-    step timeout 300 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k 4k 16k \
-      --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
-    cat "$OUT/gpu.txt"; tail -n 3 "$OUT/tests-faces.log"; grep -v "Warn" "$OUT/bench.log" | grep -B3 -A60 "fwd: TFLOP" \
-      | grep -v "First-call" | head -64
-    cat "$OUT/times.txt" ;;
+    gluon_tests tests-faces.log 150 120 $FACE_TESTS
+    tail -n 3 "$OUT/tests-faces.log"
+    OUT=$OUT bash "$0" grid ;;
   early-kv)
     # Attempt 64 (session 25, after the grid): persistent programs of one Q buffer copying the next
     # tile's first K/V tiles before the wait for this one's output (hopper.PERSISTENT_EARLY_KV).

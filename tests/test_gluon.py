@@ -966,16 +966,17 @@ GRID_PERSISTENT = [case for case in GRID if case[2] in ((113, 203), (1023, 1023)
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID_PERSISTENT,
                          ids=[_case_id(case) for case in GRID_PERSISTENT])
 @pytest.mark.parametrize("consumers", ["auto", "2"], ids=["consumers-auto", "two-consumers"])
-@pytest.mark.parametrize("schedule", ["turns", "dynamic", "early-kv", "turns-early-kv"])
+# (early-kv: with one Q buffer, the next tile's first K/V tiles copied before the wait for it)
+@pytest.mark.parametrize("schedule,early_kv", [("turns", False), ("dynamic", False), ("dynamic", True),
+                                              ("turns", True)],
+                         ids=["turns", "dynamic", "early-kv", "turns-early-kv"])
 def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal, schedule,
-                                                  consumers):
-    if consumers == "2" and (hopper.kernel_head_dim(headdim) != 64 or schedule != "turns"):
+                                                  early_kv, consumers):
+    if consumers == "2" and (hopper.kernel_head_dim(headdim) != 64 or schedule != "turns" or early_kv):
         pytest.skip("two consumers differ from auto's count at d64 only")
-    if "early-kv" in schedule and hopper.kernel_head_dim(headdim) == 64:
+    if early_kv and hopper.kernel_head_dim(headdim) == 64:
         pytest.skip("d64 has two Q buffers: the early K/V copies are for one")
-    # early-kv: the next tile's first K/V tiles copied before the wait for the one Q buffer
-    monkeypatch.setattr(hopper, "PERSISTENT_EARLY_KV", "early-kv" in schedule)
-    schedule = {"early-kv": "dynamic", "turns-early-kv": "turns"}.get(schedule, schedule)
+    monkeypatch.setattr(hopper, "PERSISTENT_EARLY_KV", early_kv)
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "1")
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, consumers)
     monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", schedule == "dynamic")
@@ -994,8 +995,8 @@ def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtyp
     assert gluon_calls, "the call did not take the Gluon forward"
     assert plans and all(plan.constexprs.get("PERSISTENT") for plan in plans), "not on persistent programs"
     assert all(plan.dynamic is (schedule == "dynamic") for plan in plans)
-    assert all(plan.constexprs.get("EARLY_KV", False) is (hopper.PERSISTENT_EARLY_KV
-                                                          and plan.constexprs["Q_BUFFERS"] == 1) for plan in plans)
+    assert all(plan.constexprs.get("EARLY_KV", False) is (early_kv and plan.constexprs["Q_BUFFERS"] == 1)
+               for plan in plans)
 
 
 @pytest.mark.gpu
