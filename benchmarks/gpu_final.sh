@@ -43,6 +43,9 @@
 #                                        # alternating twice, FA2 beside: host-bound cells across trees; ~200 s
 #   bash benchmarks/gpu_final.sh fwd3       # attempts 48 and 60: the d64 forward on three consumer warpgroups: its GPU
 #                                        # tests, probes/fwd_consumers.py, the d64 forward bench; ~480 s
+#   bash benchmarks/gpu_final.sh dead-tiles # session 26: the forward's consumers skip K/V tiles none of their rows
+#                                        # sees: d64 forward GPU tests, probes/fwd_tree_ab.py (OLD_SRC against
+#                                        # this tree, CUDA graphs), the d64 forward bench; ~400 s
 #   bash benchmarks/gpu_final.sh targets    # the d128 16k cells of the cuDNN target, flashtile beside cuDNN, FA2
 #                                        # and Flex, as medians of 5 interleaved rounds (flashtile bench --rounds);
 #                                        # ~150 s
@@ -413,6 +416,21 @@ case ${1:-tests} in
     gluon_tests tests-early-kv.log 90 80 tests/test_gluon.py -m gpu -k "early" --timeout-method=thread
     step timeout 100 python3 benchmarks/probes/fwd_persistent.py --headdims 256 --rounds 2 > "$OUT/fwd-early-kv.log" 2>&1
     tail -2 "$OUT/tests-early-kv.log"; grep -v "Warn\|warn" "$OUT/fwd-early-kv.log"; cat "$OUT/times.txt" ;;
+  dead-tiles)
+    # Session 26: the dense forward's consumers skip the K/V tiles none of their rows sees (a d64
+    # Q tile's parts past the sequence's end; under CAUSAL the tiles past a part's own diagonal).
+    # The d64 Gluon forward's GPU tests (grid, three consumers, persistent and dynamic), then
+    # probes/fwd_tree_ab.py, OLD_SRC against this tree (CUDA graphs, 3 rounds), then flashtile
+    # bench's d64 forward beside FA2, cuDNN and Flex; ~400 s.
+    [[ -n "${OLD_SRC:-}" ]] || { echo "dead-tiles needs OLD_SRC (a src/ tree carried here)" >&2; exit 2; }
+    gluon_tests tests-dead-tiles.log "${TEST_LIMIT:-180}" 150 tests/test_gluon.py -m gpu \
+      -k "(forward_grid or three_consumers or persistent) and d64" --timeout-method=thread
+    step timeout 240 python3 benchmarks/probes/fwd_tree_ab.py --trees "$OLD_SRC" "$PWD/src" --headdims 64 \
+      > "$OUT/fwd-tree-ab.log" 2>&1
+    step timeout 120 python3 -m flashtile bench --headdims 64 --seqlens 1k 4k 16k --modes fwd \
+      --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench-d64-fwd.json" > "$OUT/bench-d64-fwd.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-dead-tiles.log"; grep -v "Warn\|warn" "$OUT/fwd-tree-ab.log" | tail -8
+    grep -A12 "fwd: TFLOP" "$OUT/bench-d64-fwd.log"; cat "$OUT/times.txt" ;;
   persistent)
     # Attempt 61 (session 24): the dense Gluon forward on persistent programs
     # (FLASHTILE_GLUON_FWD_PERSISTENT=1). Its GPU tests, then probes/fwd_persistent.py (each head

@@ -135,6 +135,24 @@ def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
 
 
 @gluon.jit
+def _live_tiles(first_row, n_tiles, seqlen_q, seqlen_k, PART_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                CAUSAL: gl.constexpr):
+    """How many of the Q tile's ``n_tiles`` K/V tiles a consumer of rows [first_row, +PART_M) needs:
+    none when every row lies past the sequence's end (the last Q tile of a length that is not a
+    multiple of BLOCK_M; at d64's 192-row tiles up to two of the three consumers); under CAUSAL the
+    tiles up to its own last row's diagonal, where the Q tile's count runs to the tile's last row
+    (a 64-row part of a 192-row tile on 128-key tiles can end a tile earlier). The tiles after them
+    are fully hidden from these rows, so computing them would only add zeros."""
+    live = n_tiles
+    if CAUSAL:
+        ends = gl.minimum(seqlen_k, gl.maximum(first_row + PART_M + seqlen_k - seqlen_q, 0))
+        live = gl.minimum(gl.cdiv(ends, BLOCK_N), n_tiles)
+    if first_row >= seqlen_q:
+        live = 0
+    return live
+
+
+@gluon.jit
 def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc,
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, mask_buffer,
               HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
@@ -170,7 +188,12 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
                                           mask_buffer, m_i, l_i, acc, s_zero, s_layout, o_rows, p_layout, dtype,
                                           BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASK_MOD)
     else:
-        for j in range(n_tiles):
+        # Tiles past n_live hold no key any of this warpgroup's rows sees (_live_tiles): they are
+        # only waited for and released, so that the ring's phases stay in step with the others'.
+        n_live = n_tiles
+        if tiles is None:
+            n_live = _live_tiles(first_row, n_tiles, seqlen_q, seqlen_k, PART_M, BLOCK_N, CAUSAL)
+        for j in range(n_live):
             slot = (first + j) % NUM_STAGES
             phase = ((first + j) // NUM_STAGES) & 1
             mbarrier.wait(k_ready.index(slot), phase)
@@ -185,6 +208,13 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
             mbarrier.wait(v_ready.index(slot), phase)
             acc = warpgroup_mma(p_low, v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
             acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
+            mbarrier.arrive(v_empty.index(slot), count=1)
+        for j in range(n_live, n_tiles):
+            slot = (first + j) % NUM_STAGES
+            phase = ((first + j) // NUM_STAGES) & 1
+            mbarrier.wait(k_ready.index(slot), phase)
+            mbarrier.arrive(k_empty.index(slot), count=1)
+            mbarrier.wait(v_ready.index(slot), phase)
             mbarrier.arrive(v_empty.index(slot), count=1)
 
     # Epilogue: rows that saw no key (l = 0) give O = 0 and LSE = -inf, as fwd.py does.
