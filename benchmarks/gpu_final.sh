@@ -46,6 +46,8 @@
 #   bash benchmarks/gpu_final.sh dead-tiles # session 26: the forward's consumers skip K/V tiles none of their rows
 #                                        # sees: d64 forward GPU tests, probes/fwd_tree_ab.py (OLD_SRC against
 #                                        # this tree, CUDA graphs), the d64 forward bench; ~400 s
+#   bash benchmarks/gpu_final.sh defer-dk   # attempt 66: the fused backward's dK product in flight through the
+#                                        # consumers' meeting: its GPU tests forced on, probes/defer_dk.py; ~250 s
 #   bash benchmarks/gpu_final.sh targets    # the d128 16k cells of the cuDNN target, flashtile beside cuDNN, FA2
 #                                        # and Flex, as medians of 5 interleaved rounds (flashtile bench --rounds);
 #                                        # ~150 s
@@ -417,8 +419,8 @@ case ${1:-tests} in
     step timeout 100 python3 benchmarks/probes/fwd_persistent.py --headdims 256 --rounds 2 > "$OUT/fwd-early-kv.log" 2>&1
     tail -2 "$OUT/tests-early-kv.log"; grep -v "Warn\|warn" "$OUT/fwd-early-kv.log"; cat "$OUT/times.txt" ;;
   dead-tiles)
-    # Session 26: the dense forward's consumers skip the K/V tiles none of their rows sees (a d64
-    # Q tile's parts past the sequence's end; under CAUSAL the tiles past a part's own diagonal).
+    # Attempt 65 (session 26): the dense forward's consumers skip the K/V tiles none of their rows
+    # sees (a d64 Q tile's parts past the sequence's end; under CAUSAL the tiles past a part's own diagonal).
     # The d64 Gluon forward's GPU tests (grid, three consumers, persistent and dynamic), then
     # probes/fwd_tree_ab.py, OLD_SRC against this tree (CUDA graphs, 3 rounds), then flashtile
     # bench's d64 forward beside FA2, cuDNN and Flex; ~400 s.
@@ -431,6 +433,15 @@ case ${1:-tests} in
       --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench-d64-fwd.json" > "$OUT/bench-d64-fwd.log" 2>&1
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-dead-tiles.log"; grep -v "Warn\|warn" "$OUT/fwd-tree-ab.log" | tail -8
     grep -A12 "fwd: TFLOP" "$OUT/bench-d64-fwd.log"; cat "$OUT/times.txt" ;;
+  defer-dk)
+    # Attempt 66 (session 26): the five-product backward's dK product left in flight through the
+    # consumers' meeting (FLASHTILE_GLUON_BWD_DEFER_DK). The fused backward's GPU tests with it
+    # forced on, then probes/defer_dk.py (oracle, then 0 against 1 in CUDA graphs); ~250 s.
+    FLASHTILE_GLUON_BWD_DEFER_DK=1 gluon_tests tests-defer-dk.log "${TEST_LIMIT:-120}" 100 tests/test_gluon.py -m gpu \
+      -k "fused" --timeout-method=thread
+    step timeout 200 python3 benchmarks/probes/defer_dk.py --headdims 64 128 --seqlens 4096 16384 \
+      > "$OUT/defer-dk.log" 2>&1
+    tail -2 "$OUT/tests-defer-dk.log"; grep -v "Warn\|warn" "$OUT/defer-dk.log" | tail -12; cat "$OUT/times.txt" ;;
   persistent)
     # Attempt 61 (session 24): the dense Gluon forward on persistent programs
     # (FLASHTILE_GLUON_FWD_PERSISTENT=1). Its GPU tests, then probes/fwd_persistent.py (each head

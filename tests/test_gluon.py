@@ -1287,7 +1287,8 @@ def test_gpu_fused_backward_visits_causal_q_tiles_in_either_order(fused_backward
 # 0), and the lse2 row loaded before the Sᵀ wait or after it (auto: before at d128 and d64 causal).
 FUSED_SWITCH_SETTINGS = [(hopper.DQ_SWIZZLE_SWITCH, value) for value in ("0", "32", "64")] + [
     (hopper.EXP_POLY_SWITCH, value) for value in ("1", "2")] + [
-    (hopper.HOIST_STATS_SWITCH, value) for value in ("0", "1")]
+    (hopper.HOIST_STATS_SWITCH, value) for value in ("0", "1")] + [
+    (hopper.DEFER_DK_SWITCH, value) for value in ("0", "1")]
 
 
 @pytest.mark.gpu
@@ -1306,6 +1307,21 @@ def test_gpu_fused_backward_under_each_switch_setting_matches_the_oracle(fused_b
     check_case(1, 900, 333, 6, 2, head_dim, torch.bfloat16, causal=True, layout="bhsd")
     check_case(1, 203, 203, 2, 1, head_dim, torch.float16, causal=True)
     assert len(fused_backward_calls) == 3
+
+
+def test_the_defer_dk_switch_names_what_it_takes_and_auto_follows_the_table(monkeypatch):
+    monkeypatch.setenv(hopper.DEFER_DK_SWITCH, "later")
+    with pytest.raises(ValueError, match="FLASHTILE_GLUON_BWD_DEFER_DK: expected one of auto, 1, 0, got 'later'"):
+        hopper.fused_defer_dk(64, False)
+    monkeypatch.setenv(hopper.DEFER_DK_SWITCH, "1")
+    assert hopper.fused_defer_dk(64, False) and hopper.fused_defer_dk(128, False)
+    monkeypatch.setenv(hopper.DEFER_DK_SWITCH, "0")
+    assert not hopper.fused_defer_dk(64, True) and not hopper.fused_defer_dk(128, True)
+    monkeypatch.delenv(hopper.DEFER_DK_SWITCH)
+    cases = [(d, causal) for d in (64, 128) for causal in (False, True)]
+    assert [hopper.fused_defer_dk(*case) for case in cases] == [hopper.FUSED_DEFER_DK[case] for case in cases]
+    # as timed (session 26): on at d64, and at d128 for causal calls only
+    assert [hopper.fused_defer_dk(*case) for case in cases] == [True, True, False, True]
 
 
 def test_the_hoist_switch_names_what_it_takes_and_auto_follows_the_table(monkeypatch):

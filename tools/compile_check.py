@@ -264,27 +264,30 @@ def gluon_variants(quick: bool):
     # that tma_reduce_ptx.py rewrites into it (what runs before 3.8; here under any Triton, so that
     # CI's ptxas assembles the rewritten instruction too).
     native = hopper._gluon_common().HAS_TMA_REDUCE
-    # (head dim, causal, dtype, reduction by PTX, Q tiles last first, tail split, EXP_POLY)
+    # (head dim, causal, dtype, reduction by PTX, Q tiles last first, tail split, EXP_POLY[, DEFER_DK])
     quick_cases = [(128, True, "bf16", False, False, False, 0), (64, False, "bf16", True, False, False, 0),
-                   (64, True, "bf16", False, False, False, 2)]
+                   (64, True, "bf16", False, False, False, 2), (64, True, "bf16", True, False, False, 0, True)]
     cases = quick_cases if quick else [
         (128, True, "bf16", False, False, False, 0), (128, False, "fp16", False, False, False, 0),
         (64, True, "bf16", False, False, False, 0), (64, False, "bf16", False, False, False, 0),
         (128, False, "bf16", True, False, False, 0), (64, True, "fp16", True, False, False, 0),
         (128, True, "bf16", False, True, False, 0), (64, True, "bf16", True, True, False, 0),
         (128, False, "bf16", False, False, True, 0), (64, False, "bf16", True, False, True, 0),
-        (128, True, "bf16", False, True, False, 1), (64, False, "fp16", False, False, False, 2)]
-    for d, causal, dtype, by_ptx, descending, tail, poly in cases:
+        (128, True, "bf16", False, True, False, 1), (64, False, "fp16", False, False, False, 2),
+        (64, False, "bf16", True, False, False, 0, True), (64, True, "bf16", True, False, False, 0, True),
+        (128, False, "bf16", True, False, False, 0, True), (128, True, "bf16", True, True, False, 0, True)]
+    for d, causal, dtype, by_ptx, descending, tail, poly, *defer in cases:
         by_ptx = by_ptx or not native
         m, n, stages = hopper.BWD_FUSED[d]
+        # (DEFER_DK given only where set: sass_compare.py dumps trees from before it too)
         yield (f"gluon fused dkdv+dq d={d} {'causal' if causal else 'full'} {dtype} s{stages}"
                f"{' ptx-reduce' if by_ptx else ''}{' q-descending' if descending else ''}"
-               f"{' tail-split' if tail else ''}{f' exp-poly{poly}' if poly else ''}",
+               f"{' tail-split' if tail else ''}{f' exp-poly{poly}' if poly else ''}{' defer-dk' if defer else ''}",
                hopper._fused_module()._dkdv_dq_kernel,
                dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, REDUCE_BY_PTX=by_ptx,
                     Q_DESCENDING=descending, TAIL_SPLIT=tail, EXP_POLY=poly,
                     HOIST_STATS=_hoist_stats(hopper, d, causal), DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2,
-                    **regs), 4)
+                    **({"DEFER_DK": True} if defer else {}), **regs), 4)
 
 
 def _hoist_stats(hopper, head_dim: int, causal: bool) -> bool:

@@ -136,13 +136,30 @@ def _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, 
                CAUSAL: gl.constexpr, STORE_DS: gl.constexpr, masked=False, batch=0, head=0, seqlen_q=0, seqlen_k=0,
                mask_buffer=None, MASK_MOD: gl.constexpr = None, EXP_POLY: gl.constexpr = 0,
                HOIST_STATS: gl.constexpr = False):
+    """_dkdv_tile_issued's step with every product retired: returns (dk, dv)."""
+    dk, dv, p16, ds16 = _dkdv_tile_issued(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, dv, s_zero,
+                                          keys, key_first, m_start, shift, qk_scale, ds_out, HALF_N, BLOCK_M,
+                                          HEAD_DIM, CAUSAL, STORE_DS, masked, batch, head, seqlen_q, seqlen_k,
+                                          mask_buffer, MASK_MOD, EXP_POLY, HOIST_STATS)
+    dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv, dk, p16, ds16))
+    return dk, dv
+
+
+@gluon.jit
+def _dkdv_tile_issued(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, dv, s_zero, keys, key_first,
+                      m_start, shift, qk_scale, ds_out, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STORE_DS: gl.constexpr, masked=False, batch=0,
+                      head=0, seqlen_q=0, seqlen_k=0, mask_buffer=None, MASK_MOD: gl.constexpr = None,
+                      EXP_POLY: gl.constexpr = 0, HOIST_STATS: gl.constexpr = False):
     """One step of a dK/dV consumer warpgroup, its HALF_N keys against one BLOCK_M-row Q tile:
     Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ = exp2(Sᵀ·qk_scale − lse2) (the causal mask on tiles that cross
     the diagonal), dV += Pᵀ dO, dSᵀ = Pᵀ ∘ (dPᵀ − Delta), dK += dSᵀ Q; with STORE_DS, dSᵀ (in the
     inputs' dtype) is also stored into ``ds_out`` (gluon_bwd_fused.py's dQ reads it). Returns
-    (dk, dv), every product retired. lse_smem, delta_smem: the ring of (1, BLOCK_M) rows; ``slot``
-    the step's. ``masked`` ... MASK_MOD: a block mask's partial tile, EXP_POLY: the exponentials'
-    split (transposed_probabilities). HOIST_STATS: lse2's row loaded while the Sᵀ product runs, so
+    (dk, dv, p16, ds16) with dV's and dK's products still in flight: the caller waits for them
+    (warpgroup_mma_wait with those four as deps) before it reads dk or dv or releases the Q tile.
+    lse_smem, delta_smem: the ring of (1, BLOCK_M) rows; ``slot`` the step's. ``masked`` ...
+    MASK_MOD: a block mask's partial tile, EXP_POLY: the exponentials' split
+    (transposed_probabilities). HOIST_STATS: lse2's row loaded while the Sᵀ product runs, so
     that its shared-memory latency is not on the path from Sᵀ to Pᵀ (Delta's too spilled: 56 bytes
     of stack at d128 against 16, 312 at d64, Triton 3.6)."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # S^T, dP^T: HALF_N keys x BLOCK_M queries
@@ -168,8 +185,7 @@ def _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, 
         ds_out.store(ds)
     ds16 = gl.convert_layout(ds, a_layout, assert_trivial=True)
     dk = warpgroup_mma(ds16, q_tile, dk, is_async=True)
-    dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv, dk, p16, ds16))
-    return dk, dv
+    return dk, dv, p16, ds16
 
 
 @gluon.jit

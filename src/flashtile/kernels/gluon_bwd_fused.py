@@ -48,9 +48,25 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 
 from . import tma_reduce_ptx
-from .gluon_bwd import _dkdv_loader, _dkdv_tile, store_dkdv
+from .gluon_bwd import _dkdv_loader, _dkdv_tile, _dkdv_tile_issued, store_dkdv
 from .gluon_common import (accumulator_layout, init_q_ring_barriers, key_tile_of_program, partition_barrier,
                            q_ring_barriers, q_ring_buffers, q_tile_start, tma_reduce_add)
+
+
+@gluon.jit
+def _dq_product(ds_smem, ds_full, buffer, i, k_cols0, k_cols1, dq_zero, HALF_N: gl.constexpr):
+    """Step ``i``'s dQ half, issued, not waited for: this warpgroup's dSᵀ (stored by all its
+    threads into dS buffer ``buffer``) made visible to wgmma (the async proxy), the two
+    warpgroups met at the buffer's ds_full barrier, then dS (the buffer read transposed: BLOCK_M
+    queries × 2·HALF_N keys) times this warpgroup's columns of each key half."""
+    fence_async_shared()
+    partition_barrier()
+    mbarrier.arrive(ds_full.index(buffer), count=1)
+    mbarrier.wait(ds_full.index(buffer), (i // 2) & 1)
+    ds_all = ds_smem.index(buffer)
+    dq = warpgroup_mma(ds_all.slice(0, HALF_N, dim=0).permute((1, 0)), k_cols0, dq_zero, use_acc=False,
+                       is_async=True)
+    return warpgroup_mma(ds_all.slice(HALF_N, HALF_N, dim=0).permute((1, 0)), k_cols1, dq, is_async=True)
 
 
 @gluon.jit
@@ -60,7 +76,7 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
                     qk_scale, softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                     CAUSAL: gl.constexpr, REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr,
-                    EXP_POLY: gl.constexpr, HOIST_STATS: gl.constexpr):
+                    EXP_POLY: gl.constexpr, HOIST_STATS: gl.constexpr, DEFER_DK: gl.constexpr):
     """One warpgroup: dK, dV of keys [n_start + half·HALF_N, +HALF_N); dQ columns
     [half·HEAD_DIM/2, +HEAD_DIM/2) of every streamed Q tile over the CTA's 2·HALF_N keys, staged
     in ``dq_stage`` (BLOCK_M × HEAD_DIM/2 float32, this warpgroup's) and added through
@@ -113,26 +129,30 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
         ds_half = ds_smem.index(buffer).slice(half * HALF_N, HALF_N, dim=0)  # HALF_N keys × BLOCK_M
         mbarrier.wait(q_ready.index(slot), phase)
         mbarrier.wait(do_ready.index(slot), phase)
-        run = True
-        if CAUSAL:  # some query of the tile sees this warpgroup's first key
-            run = key_first <= m_start + BLOCK_M - 1 + shift
-        if run:  # gluon_bwd's step, dSᵀ also stored for the dQ product below
-            dk, dv = _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, dv, s_zero, keys,
-                                key_first, m_start, shift, qk_scale, ds_half, HALF_N, BLOCK_M, HEAD_DIM, CAUSAL, True,
-                                EXP_POLY=EXP_POLY, HOIST_STATS=HOIST_STATS)
+        if DEFER_DK:
+            # dK's product (and dV's) left in flight through the meeting and the dQ product, and
+            # waited for with dQ's: the tensor cores run it while this warpgroup fences and waits.
+            # Every step runs, a causal one whose queries all precede this warpgroup's keys too (the
+            # mask then hides all of Sᵀ and its dSᵀ is zeros): with the skip's branch around products
+            # in flight, causal dQ failed the oracle on the H200 (session 26; cause not pinned down).
+            dk, dv, p16, ds16 = _dkdv_tile_issued(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, dv,
+                                                  s_zero, keys, key_first, m_start, shift, qk_scale, ds_half, HALF_N,
+                                                  BLOCK_M, HEAD_DIM, CAUSAL, True, EXP_POLY=EXP_POLY,
+                                                  HOIST_STATS=HOIST_STATS)
+            dq = _dq_product(ds_smem, ds_full, buffer, i, k_cols0, k_cols1, dq_zero, HALF_N)
+            dq, dk, dv, p16, ds16 = warpgroup_mma_wait(0, deps=(dq, dk, dv, p16, ds16))
         else:
-            ds_half.store(s_zero.to(dtype))
-        # This warpgroup's dSᵀ stored by all its threads and visible to wgmma (the async proxy)
-        # before the other warpgroup may read it.
-        fence_async_shared()
-        partition_barrier()
-        mbarrier.arrive(ds_full.index(buffer), count=1)
-        mbarrier.wait(ds_full.index(buffer), (i // 2) & 1)
-        ds_all = ds_smem.index(buffer)  # 2·HALF_N keys × BLOCK_M queries; dS is its transpose
-        dq = warpgroup_mma(ds_all.slice(0, HALF_N, dim=0).permute((1, 0)), k_cols0, dq_zero, use_acc=False,
-                           is_async=True)
-        dq = warpgroup_mma(ds_all.slice(HALF_N, HALF_N, dim=0).permute((1, 0)), k_cols1, dq, is_async=True)
-        dq = warpgroup_mma_wait(0, deps=(dq, ))
+            run = True
+            if CAUSAL:  # some query of the tile sees this warpgroup's first key
+                run = key_first <= m_start + BLOCK_M - 1 + shift
+            if run:  # gluon_bwd's step, dSᵀ also stored for the dQ product below
+                dk, dv = _dkdv_tile(k_tile, v_tile, q_tile, do_tile, lse_smem, delta_smem, slot, dk, dv, s_zero, keys,
+                                    key_first, m_start, shift, qk_scale, ds_half, HALF_N, BLOCK_M, HEAD_DIM, CAUSAL,
+                                    True, EXP_POLY=EXP_POLY, HOIST_STATS=HOIST_STATS)
+            else:
+                ds_half.store(s_zero.to(dtype))
+            dq = _dq_product(ds_smem, ds_full, buffer, i, k_cols0, k_cols1, dq_zero, HALF_N)
+            dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(empty.index(slot), count=1)
         # The previous tile's reduction must have read the staging box; then every thread's part
         # of this one stored and visible to the TMA unit before the reduction is issued. Rows past
@@ -180,7 +200,7 @@ def _dkdv_dq_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     REDUCE_BY_PTX: gl.constexpr = False, Q_DESCENDING: gl.constexpr = False, TAIL_SPLIT: gl.constexpr = False,
-    EXP_POLY: gl.constexpr = 0, HOIST_STATS: gl.constexpr = False,
+    EXP_POLY: gl.constexpr = 0, HOIST_STATS: gl.constexpr = False, DEFER_DK: gl.constexpr = False,
 ):
     """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile of one kv head, and its share of dQ added
     into the float32 sum behind ``dq_acc_desc`` ((B·Hq·S_pad, HEAD_DIM), zeroed, boxes of
@@ -189,7 +209,9 @@ def _dkdv_dq_kernel(
     (a Triton whose Gluon lacks it; gluon_common.tma_reduce_add). ``Q_DESCENDING``: each
     program visits its Q tiles last first (gluon_common.q_tile_start). ``EXP_POLY``: 0, 1 or 2 of
     every 4 of Pᵀ's exponentials by a polynomial on the FMA units (exp2_split.py). ``HOIST_STATS``:
-    each step's lse2 row loaded while its Sᵀ product runs (gluon_bwd._dkdv_tile).
+    each step's lse2 row loaded while its Sᵀ product runs (gluon_bwd._dkdv_tile). ``DEFER_DK``: each
+    step's dK product left in flight through the two warpgroups' meeting and the dQ product, and
+    waited for with dQ's (hopper.FUSED_DEFER_DK).
 
     ``TAIL_SPLIT`` (hopper.tail_split): programs from ``n_whole`` on each run one of ``splits``
     parts of a key tile's (query head, Q tile) steps, ``splits`` programs a tile, so that the
@@ -240,13 +262,13 @@ def _dkdv_dq_kernel(
                            n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
                            softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
                            HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX,
-                           Q_DESCENDING, EXP_POLY, HOIST_STATS)),
+                           Q_DESCENDING, EXP_POLY, HOIST_STATS, DEFER_DK)),
         (_fused_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage.index(1),
                            kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, batch, head_kv,
                            n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad, qk_scale,
                            softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
                            HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX,
-                           Q_DESCENDING, EXP_POLY, HOIST_STATS)),
+                           Q_DESCENDING, EXP_POLY, HOIST_STATS, DEFER_DK)),
         (_dkdv_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                         lse_smem, delta_smem, kv_ready, q_ready, do_ready, empty, batch, head_kv, n_start, heads_q,
                         group_size, first_tile, n_q_tiles, n_q_blocks, HALF_N, BLOCK_M, NUM_STAGES, Q_DESCENDING,

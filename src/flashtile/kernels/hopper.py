@@ -360,6 +360,27 @@ FUSED_HOIST_STATS = {(64, False): False, (64, True): True, (128, False): True, (
 HOIST_STATS_SWITCH = "FLASHTILE_GLUON_BWD_HOIST_STATS"
 
 
+# Whether the five-product backward's consumers leave each step's dK product in flight through
+# their meeting at the dS buffer and the dQ product, waiting for it with dQ's (gluon_bwd_fused's
+# DEFER_DK), instead of before the meeting: the two warpgroups meet every step, in step with each
+# other, so the fence, the barrier and the wait for the other one ran with nothing of this
+# warpgroup's on the tensor cores. With it every causal step runs, the few whose queries all precede
+# a warpgroup's keys too (their Sᵀ all hidden). Attempt 66, session 26 (probes/defer_dk.py, kernels
+# alone, CUDA graphs, medians of 3 rounds, over without it, non-causal / causal): d64 1.027 / 1.017
+# at 4k, 1.017 / 1.013 at 16k; d128 0.986 / 1.017 at 4k, 0.975 / 1.014 at 16k. So on at d64 and
+# for causal d128, by (kernel head dim, causal). FLASHTILE_GLUON_BWD_DEFER_DK (auto, 0, 1) sets it
+# for every call.
+FUSED_DEFER_DK = {(64, False): True, (64, True): True, (128, False): False, (128, True): True}
+DEFER_DK_SWITCH = "FLASHTILE_GLUON_BWD_DEFER_DK"
+
+
+def fused_defer_dk(head_dim: int, causal: bool) -> bool:
+    """FUSED_DEFER_DK's entry for (``head_dim``, ``causal``), or FLASHTILE_GLUON_BWD_DEFER_DK where
+    not auto."""
+    value = setting(name=DEFER_DK_SWITCH)
+    return FUSED_DEFER_DK.get((head_dim, causal), False) if value == "auto" else value == "1"
+
+
 def fused_hoist_stats(head_dim: int, causal: bool) -> bool:
     """FUSED_HOIST_STATS's entry for (``head_dim``, ``causal``), or FLASHTILE_GLUON_BWD_HOIST_STATS
     where not auto."""
@@ -1117,7 +1138,8 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, REDUCE_BY_PTX=by_ptx,
         Q_DESCENDING=causal and FUSED_Q_DESCENDING.get(head_dim, False), TAIL_SPLIT=split is not None,
-        EXP_POLY=fused_exp_poly(head_dim), HOIST_STATS=fused_hoist_stats(head_dim, causal), check=check,
+        EXP_POLY=fused_exp_poly(head_dim), HOIST_STATS=fused_hoist_stats(head_dim, causal),
+        DEFER_DK=fused_defer_dk(head_dim, causal), check=check,
     )
     if split is not None:
         rows = 64
