@@ -46,6 +46,7 @@
 #   bash benchmarks/gpu_final.sh dead-tiles # session 26: the forward's consumers skip K/V tiles none of their rows
 #                                        # sees: d64 forward GPU tests, probes/fwd_tree_ab.py (OLD_SRC against
 #                                        # this tree, CUDA graphs), the d64 forward bench; ~400 s
+#   bash benchmarks/gpu_final.sh dead-tiles-wide  # the same at d128 and d256 (two consumers); ~250 s
 #   bash benchmarks/gpu_final.sh defer-dk   # attempt 66: the fused backward's dK product in flight through the
 #                                        # consumers' meeting: its GPU tests forced on, probes/defer_dk.py; ~250 s
 #   bash benchmarks/gpu_final.sh targets    # the d128 16k cells of the cuDNN target, flashtile beside cuDNN, FA2
@@ -433,6 +434,19 @@ case ${1:-tests} in
       --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench-d64-fwd.json" > "$OUT/bench-d64-fwd.log" 2>&1
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-dead-tiles.log"; grep -v "Warn\|warn" "$OUT/fwd-tree-ab.log" | tail -8
     grep -A12 "fwd: TFLOP" "$OUT/bench-d64-fwd.log"; cat "$OUT/times.txt" ;;
+  dead-tiles-wide)
+    # Attempt 65 on the two-consumer forward (d128, d256; each consumer still ran at least one tile),
+    # session 26: measured within noise at d128 and 0.96-1.03x at d256, so not kept; the mode stays
+    # for the next forward change there. The forward's GPU tests at the other head dims (grid,
+    # persistent and dynamic), then probes/fwd_tree_ab.py at d128 and d256, OLD_SRC against this
+    # tree; ~250 s.
+    [[ -n "${OLD_SRC:-}" ]] || { echo "dead-tiles-wide needs OLD_SRC (a src/ tree carried here)" >&2; exit 2; }
+    gluon_tests tests-dead-tiles-wide.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu \
+      -k "(forward_grid or persistent) and not d64 and not d40" --timeout-method=thread
+    step timeout 240 python3 benchmarks/probes/fwd_tree_ab.py --trees "$OLD_SRC" "$PWD/src" --headdims 128 256 \
+      > "$OUT/fwd-tree-ab-wide.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-dead-tiles-wide.log"; grep -v "Warn\|warn" "$OUT/fwd-tree-ab-wide.log" | tail -14
+    cat "$OUT/times.txt" ;;
   defer-dk)
     # Attempt 66 (session 26): the five-product backward's dK product left in flight through the
     # consumers' meeting (FLASHTILE_GLUON_BWD_DEFER_DK). The fused backward's GPU tests with it
