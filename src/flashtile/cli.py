@@ -380,6 +380,9 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
                 ("FLASHTILE_GLUON_BWD_HOIST_STATS",
                  "unset (auto: at d128, and d64 causal, the fused backward loads each step's lse2 row "
                  "during its S product)"),
+                ("FLASHTILE_GLUON_BWD_DEFER_DK",
+                 "unset (auto: at d64, and d128 causal, the fused backward's dK product stays in flight "
+                 "through its consumers' meeting)"),
                 ("FLASHTILE_GLUON_BWD_EXP_POLY",
                  "unset (auto: none; 1, 2: of every 4 of the fused backward's exponentials, on the FMA units)"),
                 ("FLASHTILE_GLUON_DQ_SWIZZLE",
