@@ -264,9 +264,10 @@ def gluon_variants(quick: bool):
     # that tma_reduce_ptx.py rewrites into it (what runs before 3.8; here under any Triton, so that
     # CI's ptxas assembles the rewritten instruction too).
     native = hopper._gluon_common().HAS_TMA_REDUCE
-    # (head dim, causal, dtype, reduction by PTX, Q tiles last first, tail split, EXP_POLY[, DEFER_DK])
+    # (head dim, causal, dtype, reduction by PTX, Q tiles last first, tail split, EXP_POLY[, DEFER_DK]):
+    # DEFER_DK as auto sets it where the case does not say
     quick_cases = [(128, True, "bf16", False, False, False, 0), (64, False, "bf16", True, False, False, 0),
-                   (64, True, "bf16", False, False, False, 2), (64, True, "bf16", True, False, False, 0, True)]
+                   (64, True, "bf16", False, False, False, 2), (64, True, "bf16", True, False, False, 0, False)]
     cases = quick_cases if quick else [
         (128, True, "bf16", False, False, False, 0), (128, False, "fp16", False, False, False, 0),
         (64, True, "bf16", False, False, False, 0), (64, False, "bf16", False, False, False, 0),
@@ -274,12 +275,13 @@ def gluon_variants(quick: bool):
         (128, True, "bf16", False, True, False, 0), (64, True, "bf16", True, True, False, 0),
         (128, False, "bf16", False, False, True, 0), (64, False, "bf16", True, False, True, 0),
         (128, True, "bf16", False, True, False, 1), (64, False, "fp16", False, False, False, 2),
-        (64, False, "bf16", True, False, False, 0, True), (64, True, "bf16", True, False, False, 0, True),
-        (128, False, "bf16", True, False, False, 0, True), (128, True, "bf16", True, True, False, 0, True)]
-    for d, causal, dtype, by_ptx, descending, tail, poly, *defer in cases:
+        (64, False, "bf16", True, False, False, 0, False), (64, True, "bf16", True, False, False, 0, False),
+        (128, False, "bf16", True, False, False, 0, True), (128, True, "bf16", True, True, False, 0, False)]
+    for d, causal, dtype, by_ptx, descending, tail, poly, *forced in cases:
         by_ptx = by_ptx or not native
         m, n, stages = hopper.BWD_FUSED[d]
-        # (DEFER_DK given only where set: sass_compare.py dumps trees from before it too)
+        defer = forced[0] if forced else _defer_dk(hopper, d, causal)
+        # (DEFER_DK given only where on: sass_compare.py dumps trees from before it too)
         yield (f"gluon fused dkdv+dq d={d} {'causal' if causal else 'full'} {dtype} s{stages}"
                f"{' ptx-reduce' if by_ptx else ''}{' q-descending' if descending else ''}"
                f"{' tail-split' if tail else ''}{f' exp-poly{poly}' if poly else ''}{' defer-dk' if defer else ''}",
@@ -288,6 +290,12 @@ def gluon_variants(quick: bool):
                     Q_DESCENDING=descending, TAIL_SPLIT=tail, EXP_POLY=poly,
                     HOIST_STATS=_hoist_stats(hopper, d, causal), DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2,
                     **({"DEFER_DK": True} if defer else {}), **regs), 4)
+
+
+def _defer_dk(hopper, head_dim: int, causal: bool) -> bool:
+    """Whether auto leaves a fused variant's dK product in flight (hopper.FUSED_DEFER_DK; False in
+    trees from before it, which sass_compare.py may be dumping)."""
+    return hopper.FUSED_DEFER_DK.get((head_dim, causal), False) if hasattr(hopper, "FUSED_DEFER_DK") else False
 
 
 def _hoist_stats(hopper, head_dim: int, causal: bool) -> bool:

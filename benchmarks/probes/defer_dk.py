@@ -8,7 +8,7 @@ step: without it each waits for its dK product, then fences, meets and waits for
 nothing of its own on the tensor cores. With it dK (and dV) stay in flight through the meeting and
 are waited for with dQ. Predicted: the meeting's latency (fence, named barrier, mbarrier round trip:
 a few hundred of a d64 step's ~2800 cycles) hidden under dK's product, +2-5% at d64, less at d128
-(longer steps); causal d64 spills 16 bytes more under Triton 3.6.
+(longer steps). Under Triton 3.6 the causal builds spill more: d64 72 -> 96 bytes of stack, d128 16 -> 40.
 
 Checked and timed by probes/switch_ab.py (the oracle under each setting, then the settings in
 turn, kernels alone).
