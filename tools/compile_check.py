@@ -281,7 +281,6 @@ def gluon_variants(quick: bool):
         by_ptx = by_ptx or not native
         m, n, stages = hopper.BWD_FUSED[d]
         defer = forced[0] if forced else _defer_dk(hopper, d, causal)
-        # (DEFER_DK given only where on: sass_compare.py dumps trees from before it too)
         yield (f"gluon fused dkdv+dq d={d} {'causal' if causal else 'full'} {dtype} s{stages}"
                f"{' ptx-reduce' if by_ptx else ''}{' q-descending' if descending else ''}"
                f"{' tail-split' if tail else ''}{f' exp-poly{poly}' if poly else ''}{' defer-dk' if defer else ''}",
@@ -289,7 +288,7 @@ def gluon_variants(quick: bool):
                dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, REDUCE_BY_PTX=by_ptx,
                     Q_DESCENDING=descending, TAIL_SPLIT=tail, EXP_POLY=poly,
                     HOIST_STATS=_hoist_stats(hopper, d, causal), DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2,
-                    **({"DEFER_DK": True} if defer else {}), **regs), 4)
+                    DEFER_DK=defer, **regs), 4)
 
 
 def _defer_dk(hopper, head_dim: int, causal: bool) -> bool:
