@@ -374,18 +374,23 @@ FUSED_DEFER_DK = {(64, False): True, (64, True): True, (128, False): False, (128
 DEFER_DK_SWITCH = "FLASHTILE_GLUON_BWD_DEFER_DK"
 
 
+def _fused_table_setting(switch: str, table: dict, head_dim: int, causal: bool) -> bool:
+    """Under ``switch`` auto, ``table``'s entry for (``head_dim``, ``causal``) (False where it has
+    none); else the switch's 1 or 0."""
+    value = setting(name=switch)
+    return table.get((head_dim, causal), False) if value == "auto" else value == "1"
+
+
 def fused_defer_dk(head_dim: int, causal: bool) -> bool:
     """FUSED_DEFER_DK's entry for (``head_dim``, ``causal``), or FLASHTILE_GLUON_BWD_DEFER_DK where
     not auto."""
-    value = setting(name=DEFER_DK_SWITCH)
-    return FUSED_DEFER_DK.get((head_dim, causal), False) if value == "auto" else value == "1"
+    return _fused_table_setting(DEFER_DK_SWITCH, FUSED_DEFER_DK, head_dim, causal)
 
 
 def fused_hoist_stats(head_dim: int, causal: bool) -> bool:
     """FUSED_HOIST_STATS's entry for (``head_dim``, ``causal``), or FLASHTILE_GLUON_BWD_HOIST_STATS
     where not auto."""
-    value = setting(name=HOIST_STATS_SWITCH)
-    return FUSED_HOIST_STATS.get((head_dim, causal), False) if value == "auto" else value == "1"
+    return _fused_table_setting(HOIST_STATS_SWITCH, FUSED_HOIST_STATS, head_dim, causal)
 
 
 def fused_exp_poly(head_dim: int) -> int:
