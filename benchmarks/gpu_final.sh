@@ -47,6 +47,9 @@
 #                                        # sees: d64 forward GPU tests, probes/fwd_tree_ab.py (OLD_SRC against
 #                                        # this tree, CUDA graphs), the d64 forward bench; ~400 s
 #   bash benchmarks/gpu_final.sh dead-tiles-wide  # the same at d128 and d256 (two consumers); ~250 s
+#   bash benchmarks/gpu_final.sh lead-parts # attempt 67: a causal head's overhanging Q parts moved to its first
+#                                        # tile: probes/fwd_tree_ab.py OLD_SRC against this tree (d64, d128),
+#                                        # then the forward's causal GPU tests and the d64 grid; ~550 s
 #   bash benchmarks/gpu_final.sh defer-dk   # attempt 66: the fused backward's dK product in flight through the
 #                                        # consumers' meeting: its GPU tests forced on, probes/defer_dk.py; ~250 s
 #   bash benchmarks/gpu_final.sh targets    # the d128 16k cells of the cuDNN target, flashtile beside cuDNN, FA2
@@ -434,6 +437,22 @@ case ${1:-tests} in
       --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench-d64-fwd.json" > "$OUT/bench-d64-fwd.log" 2>&1
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-dead-tiles.log"; grep -v "Warn\|warn" "$OUT/fwd-tree-ab.log" | tail -8
     grep -A12 "fwd: TFLOP" "$OUT/bench-d64-fwd.log"; cat "$OUT/times.txt" ;;
+  lead-parts)
+    # Attempt 67 (session 27): under CAUSAL a head's Q tiles start LEAD_PART-row parts before its first
+    # row, so the parts that overhang its end sit in the tile that sees the fewest keys instead of the
+    # one that sees the most (q_tile_of_program). The timing first (OLD_SRC against this tree, CUDA
+    # graphs, 3 rounds: d64 1k-16k, d128 4k and 16k, whose epilogue's store branch changed), then the
+    # forward's GPU tests: the causal ones (consumers as auto picks them) and the d64 grid's.
+    [[ -n "${OLD_SRC:-}" ]] || { echo "lead-parts needs OLD_SRC (a src/ tree carried here)" >&2; exit 2; }
+    step timeout 200 python3 benchmarks/probes/fwd_tree_ab.py --trees "$OLD_SRC" "$PWD/src" --headdims 64 \
+      > "$OUT/fwd-tree-ab.log" 2>&1
+    step timeout 120 python3 benchmarks/probes/fwd_tree_ab.py --trees "$OLD_SRC" "$PWD/src" --headdims 128 \
+      --seqlens 4096 16384 > "$OUT/fwd-tree-ab-d128.log" 2>&1
+    gluon_tests tests-lead-parts.log "${TEST_LIMIT:-230}" 150 tests/test_gluon.py -m gpu \
+      -k "(forward_grid or three_consumers or persistent) and ((causal and not two-consumers) or (d64 and forward_grid))" --timeout-method=thread
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-lead-parts.log"
+    grep -v "Warn\|warn" "$OUT/fwd-tree-ab.log" | tail -8; grep -v "Warn\|warn" "$OUT/fwd-tree-ab-d128.log" | tail -5
+    cat "$OUT/times.txt" ;;
   dead-tiles-wide)
     # Attempt 65 on the two-consumer forward (d128, d256; each consumer still ran at least one tile),
     # session 26: measured within noise at d128 and 0.96-1.03x at d256, so not kept; the mode stays

@@ -138,18 +138,27 @@ def tile_and_row_of_program(pid, num_tiles, heads_per_group, num_programs=None):
 
 @gluon.jit
 def q_tile_of_program(pid, num_m_blocks, heads_per_group, heads_q, group_size, seqlen_q, seqlen_k,
-                      BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, num_programs=None):
+                      BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, num_programs=None, LEAD_PART: gl.constexpr = 0):
     """(batch, head, head_kv, q_start, kv_end) of program ``pid`` of the forward or the dQ
     kernel: Q tiles fastest in the grid (with ``heads_per_group`` > 1, groups of that many
     B·Hq rows, rows fastest within a group: tile_and_row_of_program), and under CAUSAL the last
     tiles of a head (which see the most keys) started first; kv_end is where the keys its rows
-    see end (bottom-right aligned causal: up to the tile's last row's diagonal)."""
+    see end (bottom-right aligned causal: up to the tile's last row's diagonal).
+
+    LEAD_PART (under CAUSAL; 0: off): the rows by which the head's tiles overhang its end, in
+    whole parts of LEAD_PART rows, are moved to the front, so that q_start of the first tile is
+    negative and its first parts hold no row. Those parts then sit in the tile that sees the
+    fewest keys, where at the end they would idle their warpgroup through the tile that sees
+    the most (a d64 forward's 192-row tiles over 4096 rows: two of the last tile's three 64-row
+    parts for all 32 key tiles). What is left of the overhang (under a part) stays at the end."""
     block_m, bh = tile_and_row_of_program(pid, num_m_blocks, heads_per_group, num_programs)
     batch = bh // heads_q
     head = bh % heads_q
     if CAUSAL:
         block_m = num_m_blocks - 1 - block_m
     q_start = block_m * BLOCK_M
+    if CAUSAL and LEAD_PART > 0:
+        q_start -= (num_m_blocks * BLOCK_M - seqlen_q) // LEAD_PART * LEAD_PART
     if CAUSAL:
         kv_end = gl.minimum(seqlen_k, gl.maximum(q_start + BLOCK_M + seqlen_k - seqlen_q, 0))
     else:

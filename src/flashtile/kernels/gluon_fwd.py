@@ -139,7 +139,8 @@ def _live_tiles(first_row, n_tiles, seqlen_q, seqlen_k, PART_M: gl.constexpr, BL
                 CAUSAL: gl.constexpr):
     """How many of the Q tile's ``n_tiles`` K/V tiles a consumer of rows [first_row, +PART_M) needs:
     none when every row lies past the sequence's end (the last Q tile of a length that is not a
-    multiple of BLOCK_M; at d64's 192-row tiles up to two of the three consumers); under CAUSAL the
+    multiple of BLOCK_M; at d64's 192-row tiles up to two of the three consumers) or before its
+    start (under CAUSAL the same parts, moved to the first tile: q_tile_of_program's LEAD_PART); under CAUSAL the
     tiles up to its own last row's diagonal, where the Q tile's count runs to the tile's last row
     (a 64-row part of a 192-row tile on 128-key tiles can end a tile earlier). The tiles after them
     are fully hidden from these rows, so computing them would only add zeros."""
@@ -147,7 +148,7 @@ def _live_tiles(first_row, n_tiles, seqlen_q, seqlen_k, PART_M: gl.constexpr, BL
     if CAUSAL:
         ends = gl.minimum(seqlen_k, gl.maximum(first_row + PART_M + seqlen_k - seqlen_q, 0))
         live = gl.minimum(gl.cdiv(ends, BLOCK_N), n_tiles)
-    if first_row >= seqlen_q:
+    if (first_row >= seqlen_q) | (first_row + PART_M <= 0):
         live = 0
     return live
 
@@ -217,18 +218,21 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
             mbarrier.wait(v_ready.index(slot), phase)
             mbarrier.arrive(v_empty.index(slot), count=1)
 
-    # Epilogue: rows that saw no key (l = 0) give O = 0 and LSE = -inf, as fwd.py does.
+    # Epilogue: rows that saw no key (l = 0) give O = 0 and LSE = -inf, as fwd.py does. A part
+    # whose rows all lie outside the sequence (past its end, or before its start under LEAD_PART:
+    # row indices below 0 would address the head before) stores nothing.
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
     lse = gl.where(empty, -float("inf"), (m_i + gl.log2(l_safe)) * LN2)
-    gl.store(LSE_head + rows, lse, mask=rows < seqlen_q)
-    out = acc * gl.convert_layout(1.0 / l_safe, o_rows, assert_trivial=True)[:, None]
-    # Q is dead once its last product retired: its buffer stages O for the TMA store,
-    # which writes only the rows inside the tensor.
-    q_tile.store(out.to(dtype))
-    fence_async_shared()
-    tma_store(o_desc, [batch, head, first_row, 0], q_smem.index(q_index))
-    tma.store_wait(0)
+    if (first_row < seqlen_q) & (first_row + PART_M > 0):
+        gl.store(LSE_head + rows, lse, mask=rows < seqlen_q)
+        out = acc * gl.convert_layout(1.0 / l_safe, o_rows, assert_trivial=True)[:, None]
+        # Q is dead once its last product retired: its buffer stages O for the TMA store,
+        # which writes only the rows inside the tensor.
+        q_tile.store(out.to(dtype))
+        fence_async_shared()
+        tma_store(o_desc, [batch, head, first_row, 0], q_smem.index(q_index))
+        tma.store_wait(0)
 
 
 @gluon.jit
@@ -262,7 +266,7 @@ def _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_
     consumed, so the ring fills while that item's last tiles and output run."""
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
                                                               group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
-                                                              num_items)
+                                                              num_items, PART_M)
     n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
     early = 0
     if EARLY_KV:
@@ -334,7 +338,7 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
     Returns how many K/V tiles the item had."""
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
                                                               group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
-                                                              num_items)
+                                                              num_items, PART_M)
     n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
     LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
     buffer = local % Q_BUFFERS
@@ -503,7 +507,7 @@ def _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride
     """_fwd_pingpong_kernel's body when each program runs one Q tile (not PERSISTENT)."""
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, heads_per_group,
                                                               num_heads_q, group_size, seqlen_q, seqlen_k,
-                                                              BLOCK_M, CAUSAL)
+                                                              BLOCK_M, CAUSAL, LEAD_PART=PART_M)
     # At least one tile: rows that see no key at all still run (masked) and write O = 0,
     # LSE = -inf; the host never launches with seqlen_k = 0.
     n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
