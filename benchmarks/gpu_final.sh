@@ -50,6 +50,8 @@
 #   bash benchmarks/gpu_final.sh lead-parts # attempt 67: a causal head's overhanging Q parts moved to its first
 #                                        # tile: probes/fwd_tree_ab.py OLD_SRC against this tree (d64, d128),
 #                                        # then the forward's causal GPU tests and the d64 grid; ~550 s
+#   bash benchmarks/gpu_final.sh forward-grid # session 27's last call: the forward's GPU tests (every d64 one, the
+#                                        # causal ones at the other head dims), then the speed table's grid; ~400 s
 #   bash benchmarks/gpu_final.sh defer-dk   # attempt 66: the fused backward's dK product in flight through the
 #                                        # consumers' meeting: its GPU tests forced on, probes/defer_dk.py; ~250 s
 #   bash benchmarks/gpu_final.sh targets    # the d128 16k cells of the cuDNN target, flashtile beside cuDNN, FA2
@@ -452,6 +454,16 @@ case ${1:-tests} in
       -k "(forward_grid or three_consumers or persistent) and ((causal and not two-consumers) or (d64 and forward_grid))" --timeout-method=thread
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-lead-parts.log"
     grep -v "Warn\|warn" "$OUT/fwd-tree-ab.log" | tail -8; grep -v "Warn\|warn" "$OUT/fwd-tree-ab-d128.log" | tail -5
+    cat "$OUT/times.txt" ;;
+  forward-grid)
+    # A forward kernel change's last check (session 27: attempts 67 and 68): the forward's GPU tests
+    # at d64 (three consumers, and two in turn) and the causal ones elsewhere, then the grid (as `grid`).
+    gluon_tests tests-forward.log "${TEST_LIMIT:-200}" 150 tests/test_gluon.py -m gpu \
+      -k "(forward_grid or three_consumers or persistent) and ((causal and not two-consumers) or d64)" \
+      --timeout-method=thread
+    step timeout 330 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k 4k 16k \
+      --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-forward.log"; grep -v "Warn" "$OUT/bench.log" | tail -60
     cat "$OUT/times.txt" ;;
   dead-tiles-wide)
     # Attempt 65 on the two-consumer forward (d128, d256; each consumer still ran at least one tile),
