@@ -999,6 +999,33 @@ def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtyp
                for plan in plans)
 
 
+# Under causal a head's Q tiles start the overhang's whole parts before its first row
+# (q_tile_of_program's LEAD_PART): shapes where both tile heights (192 and 128 rows) shift by a
+# part over several Q tiles with fewer queries than keys, and the 4096 rows that shift d64's
+# 192-row tiles by two parts over 22 tiles, on each way the forward's programs take their tiles.
+OVERHANG_SHAPES = [(1025, 4097), (129, 333), (4096, 4096)]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
+@pytest.mark.parametrize("seqlens", OVERHANG_SHAPES, ids=[f"q{sq}k{sk}" for sq, sk in OVERHANG_SHAPES])
+@pytest.mark.parametrize("headdim", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("programs", ["per-tile", "turns", "dynamic"])
+@pytest.mark.parametrize("consumers", ["auto", "2"], ids=["consumers-auto", "two-consumers"])
+def test_gpu_gluon_causal_forward_with_the_overhang_in_front(gluon_calls, monkeypatch, seqlens, headdim, programs,
+                                                             consumers):
+    if consumers == "2" and headdim != 64:
+        pytest.skip("two consumers differ from auto's count at d64 only")
+    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, consumers)
+    monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0" if programs == "per-tile" else "1")
+    monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", programs == "dynamic")
+    sq, sk = seqlens
+    check_case(1 if sq * sk > 2048 * 1024 else 2, sq, sk, 4, 2, headdim, torch.bfloat16, causal=True,
+               layout="bshd" if headdim == 128 else "bhsd")
+    assert gluon_calls, "the call did not take the Gluon forward"
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")

@@ -230,7 +230,9 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     l_safe = gl.where(empty, 1.0, l_i)
     lse = gl.where(empty, -float("inf"), (m_i + gl.log2(l_safe)) * LN2)
     if (first_row < seqlen_q) & (first_row + PART_M > 0):
-        gl.store(LSE_head + rows, lse, mask=rows < seqlen_q)
+        # (rows >= 0 holds for a part that is not wholly before row 0 while the lead is whole parts;
+        # the mask keeps the head before safe should it ever not be)
+        gl.store(LSE_head + rows, lse, mask=(rows >= 0) & (rows < seqlen_q))
         out = acc * gl.convert_layout(1.0 / l_safe, o_rows, assert_trivial=True)[:, None]
         # Q is dead once its last product retired: its buffer stages O for the TMA store,
         # which writes only the rows inside the tensor.
