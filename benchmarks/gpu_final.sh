@@ -459,7 +459,7 @@ case ${1:-tests} in
     # A forward kernel change's last check (session 27: attempts 67 and 68): the forward's GPU tests
     # at d64 (three consumers, and two in turn) and the causal ones elsewhere, then the grid (as `grid`).
     gluon_tests tests-forward.log "${TEST_LIMIT:-200}" 150 tests/test_gluon.py -m gpu \
-      -k "(forward_grid or three_consumers or persistent) and ((causal and not two-consumers) or d64)" \
+      -k "(forward_grid or three_consumers or persistent or overhang) and ((causal and not two-consumers) or d64)" \
       --timeout-method=thread
     step timeout 330 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k 4k 16k \
       --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
