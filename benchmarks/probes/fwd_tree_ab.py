@@ -81,11 +81,11 @@ def main() -> None:
     first, last = args.trees[0], args.trees[-1]
     print(f"\nforward TFLOP/s, CUDA graphs, median of {args.rounds} rounds; ratio: {last} over {first}")
     names = " | ".join(f"{'tree ' + str(i + 1):>8}" for i in range(len(args.trees)))
-    print(f"{'d':>4} {'causal':>6} {'N':>6} | {names} | ratio | rounds (ms, last tree)")
+    print(f"{'d':>4} {'causal':>6} {'N':>6} | {names} | ratio | rounds (ms; each tree's, in --trees' order)")
     for key in sorted(flops):
         rates = [flops[key] / statistics.median(times[tree][key]) * 1e-9 if times[tree].get(key) else float("nan")
                  for tree in args.trees]
-        rounds = " ".join(f"{ms:.4f}" for ms in times[last].get(key, []))
+        rounds = " / ".join(" ".join(f"{ms:.4f}" for ms in times[tree].get(key, [])) for tree in args.trees)
         d, causal, n = key
         print(f"{d:>4} {'yes' if causal else 'no':>6} {n:>6} | " + " | ".join(f"{r:8.1f}" for r in rates)
               + f" | {rates[-1] / rates[0]:5.3f} | {rounds}")

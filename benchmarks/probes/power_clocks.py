@@ -16,6 +16,8 @@ largest power draw, temperature and the clock-event reasons seen (the driver's b
 from __future__ import annotations
 
 import argparse
+import shutil
+import signal
 import statistics
 import subprocess
 import time
@@ -94,8 +96,12 @@ def main() -> None:
     parser.add_argument("--cells", nargs="+", default=["64:4096", "128:16384"])
     parser.add_argument("--providers", nargs="+", default=["flashtile", "sdpa-flash", "sdpa-cudnn"])
     args = parser.parse_args()
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader", "-lms", "50"],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Line-buffered (stdbuf), and stopped with SIGINT: session 27's first run, block-buffered into
+    # the pipe and stopped with SIGTERM, lost its last phases' samples with the buffer.
+    command = ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader", "-lms", "50"]
+    if shutil.which("stdbuf"):
+        command = ["stdbuf", "-oL", *command]
+    smi = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     phases = []
     try:
         for cell in args.cells:
@@ -115,8 +121,12 @@ def main() -> None:
                     print(f"{phases[-1][0]} {name}: {tflops:.1f} TFLOP/s", flush=True)
     finally:
         time.sleep(0.2)
-        smi.terminate()
-        output = smi.communicate()[0]
+        smi.send_signal(signal.SIGINT)
+        try:
+            output = smi.communicate(timeout=5)[0]
+        except subprocess.TimeoutExpired:
+            smi.kill()
+            output = smi.communicate()[0]
     samples = parse(output.splitlines())
     if not samples:
         print("nvidia-smi gave no samples:\n" + output[:2000])
