@@ -137,13 +137,14 @@ def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
 @gluon.jit
 def _live_tiles(first_row, n_tiles, seqlen_q, seqlen_k, PART_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 CAUSAL: gl.constexpr):
-    """How many of the Q tile's ``n_tiles`` K/V tiles a consumer of rows [first_row, +PART_M) needs:
-    none when every row lies past the sequence's end (the last Q tile of a length that is not a
-    multiple of BLOCK_M; at d64's 192-row tiles up to two of the three consumers) or before its
-    start (under CAUSAL the same parts, moved to the first tile: q_tile_of_program's LEAD_PART); under CAUSAL the
-    tiles up to its own last row's diagonal, where the Q tile's count runs to the tile's last row
-    (a 64-row part of a 192-row tile on 128-key tiles can end a tile earlier). The tiles after them
-    are fully hidden from these rows, so computing them would only add zeros."""
+    """How many of the Q tile's ``n_tiles`` K/V tiles a consumer of rows [first_row, +PART_M) needs.
+    None when every row lies past the sequence's end (the last Q tile of a length that is not a
+    multiple of BLOCK_M; at d64's 192-row tiles up to two of the three consumers), or before its
+    start (under CAUSAL those parts are moved to the first tile: q_tile_of_program's LEAD_PART).
+    Otherwise, under CAUSAL, the tiles up to its own last row's diagonal, where the Q tile's count
+    runs to the tile's last row (a 64-row part of a 192-row tile on 128-key tiles can end a tile
+    earlier). The tiles after them are fully hidden from these rows: computing them would only add
+    zeros."""
     live = n_tiles
     if CAUSAL:
         ends = gl.minimum(seqlen_k, gl.maximum(first_row + PART_M + seqlen_k - seqlen_q, 0))
