@@ -49,7 +49,7 @@
 #   bash benchmarks/gpu_final.sh dead-tiles-wide  # the same at d128 and d256 (two consumers); ~250 s
 #   bash benchmarks/gpu_final.sh lead-parts # attempt 67: a causal head's overhanging Q parts moved to its first
 #                                        # tile: probes/fwd_tree_ab.py OLD_SRC against this tree (d64, d128),
-#                                        # then the forward's causal GPU tests and the d64 grid; ~550 s
+#                                        # then the forward's GPU tests (FORWARD_SELECTION); ~300 s
 #   bash benchmarks/gpu_final.sh forward-grid # session 27's last call: the forward's GPU tests (every d64 one, the
 #                                        # causal ones at the other head dims), then the speed table's grid; ~400 s
 #   bash benchmarks/gpu_final.sh defer-dk   # attempt 66: the fused backward's dK product in flight through the
@@ -130,6 +130,9 @@ FUSED_SELECTION="fused or deterministic or backward or same_bits or replay or by
 # heaviest files, tests-b the Gluon and TMA files, tests-c the rest.
 HEAVY_TESTS="tests/test_kernels.py tests/test_properties.py"
 GLUON_TESTS="tests/test_gluon.py tests/test_gluon_listed.py tests/test_tma.py"
+# The dense forward's GPU tests a forward kernel change touches (session 27: 480 tests, ~150 s on 12
+# workers): every d64 one, and the causal ones at the other head dims on the consumers auto picks.
+FORWARD_SELECTION="(forward_grid or three_consumers or persistent or overhang) and ((causal and not two-consumers) or d64)"
 # The faces' test files (the calls users make: attention(), SDPA, nn modules, the checked-call cache).
 FACE_TESTS="tests/test_call_cache.py tests/test_api.py tests/test_sdpa.py tests/test_nn.py"
 case ${1:-tests} in
@@ -444,22 +447,21 @@ case ${1:-tests} in
     # row, so the parts that overhang its end sit in the tile that sees the fewest keys instead of the
     # one that sees the most (q_tile_of_program). The timing first (OLD_SRC against this tree, CUDA
     # graphs, 3 rounds: d64 1k-16k, d128 4k and 16k, whose epilogue's store branch changed), then the
-    # forward's GPU tests: the causal ones (consumers as auto picks them) and the d64 grid's.
+    # forward's GPU tests (FORWARD_SELECTION).
     [[ -n "${OLD_SRC:-}" ]] || { echo "lead-parts needs OLD_SRC (a src/ tree carried here)" >&2; exit 2; }
     step timeout 200 python3 benchmarks/probes/fwd_tree_ab.py --trees "$OLD_SRC" "$PWD/src" --headdims 64 \
       > "$OUT/fwd-tree-ab.log" 2>&1
     step timeout 120 python3 benchmarks/probes/fwd_tree_ab.py --trees "$OLD_SRC" "$PWD/src" --headdims 128 \
       --seqlens 4096 16384 > "$OUT/fwd-tree-ab-d128.log" 2>&1
     gluon_tests tests-lead-parts.log "${TEST_LIMIT:-230}" 150 tests/test_gluon.py -m gpu \
-      -k "(forward_grid or three_consumers or persistent) and ((causal and not two-consumers) or (d64 and forward_grid))" --timeout-method=thread
+      -k "$FORWARD_SELECTION" --timeout-method=thread
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-lead-parts.log"
     grep -v "Warn\|warn" "$OUT/fwd-tree-ab.log" | tail -8; grep -v "Warn\|warn" "$OUT/fwd-tree-ab-d128.log" | tail -5
     cat "$OUT/times.txt" ;;
   forward-grid)
     # A forward kernel change's last check (session 27: attempts 67 and 68): the forward's GPU tests
-    # at d64 (three consumers, and two in turn) and the causal ones elsewhere, then the grid (as `grid`).
-    gluon_tests tests-forward.log "${TEST_LIMIT:-200}" 150 tests/test_gluon.py -m gpu \
-      -k "(forward_grid or three_consumers or persistent or overhang) and ((causal and not two-consumers) or d64)" \
+    # (FORWARD_SELECTION), then the grid (as `grid`).
+    gluon_tests tests-forward.log "${TEST_LIMIT:-200}" 150 tests/test_gluon.py -m gpu -k "$FORWARD_SELECTION" \
       --timeout-method=thread
     step timeout 330 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k 4k 16k \
       --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
