@@ -18,17 +18,25 @@ def median_ms(fn, device: torch.device | str, warmup: int = 10, rep: int = 50) -
     return Timer(torch.device(device), warmup_ms=warmup, rep_ms=rep).median(fn)
 
 
-def graph_ms(fn) -> float:
-    """GPU milliseconds of ``fn`` replayed from a CUDA graph (no host work per call)."""
+def capture(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` calls of ``fn``, after three warm-up calls on a side stream
+    (compiles and caches stay outside the capture)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(3):  # warm up: compile and cache outside the capture
+        for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(calls):
+            fn()
+    return graph
+
+
+def graph_ms(fn) -> float:
+    """GPU milliseconds of ``fn`` replayed from a CUDA graph (no host work per call)."""
+    graph = capture(fn)
     from triton.testing import do_bench
 
     return do_bench(graph.replay, warmup=10, rep=50, return_mode="median")

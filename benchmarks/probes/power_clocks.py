@@ -16,18 +16,24 @@ largest power draw, temperature and the clock-event reasons seen (the driver's b
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import flashtile
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from timing import capture  # noqa: E402
 
+import flashtile  # noqa: E402
+
+CALLS_PER_GRAPH = 20  # a replay long enough that the host loop between replays costs nothing
 QUERY = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
 
 
@@ -43,20 +49,6 @@ def providers(q, k, v, causal: bool) -> dict:
         "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
         "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
     }
-
-
-def graph_of(fn, calls: int = 20) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return graph
 
 
 def run_phase(graph: torch.cuda.CUDAGraph, seconds: float) -> tuple[float, float, int]:
@@ -113,10 +105,10 @@ def main() -> None:
                 for name, fn in providers(q, k, v, causal).items():
                     if name not in args.providers:
                         continue
-                    graph = graph_of(fn)
+                    graph = capture(fn, calls=CALLS_PER_GRAPH)
                     time.sleep(1.0)  # a gap between phases, so each starts from about the same state
                     start, end, replays = run_phase(graph, args.seconds)
-                    tflops = flops * 20 * replays / (end - start) * 1e-12
+                    tflops = flops * CALLS_PER_GRAPH * replays / (end - start) * 1e-12
                     phases.append((f"d{d} {'causal' if causal else 'full'} {n}", name, start, end, tflops))
                     print(f"{phases[-1][0]} {name}: {tflops:.1f} TFLOP/s", flush=True)
     finally:
