@@ -50,6 +50,8 @@
 #   bash benchmarks/gpu_final.sh lead-parts # attempt 67: a causal head's overhanging Q parts moved to its first
 #                                        # tile: probes/fwd_tree_ab.py OLD_SRC against this tree (d64, d128),
 #                                        # then the forward's GPU tests (FORWARD_SELECTION); ~300 s
+#   bash benchmarks/gpu_final.sh four       # attempt 69: the d64 forward on four consumer warpgroups: the consumers
+#                                        # probe (--four) and its GPU tests; ~450 s
 #   bash benchmarks/gpu_final.sh forward-grid # session 27's last call: the forward's GPU tests (every d64 one, the
 #                                        # causal ones at the other head dims), then the speed table's grid; ~400 s
 #   bash benchmarks/gpu_final.sh defer-dk   # attempt 66: the fused backward's dK product in flight through the
@@ -457,6 +459,16 @@ case ${1:-tests} in
       -k "$FORWARD_SELECTION" --timeout-method=thread
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-lead-parts.log"
     grep -v "Warn\|warn" "$OUT/fwd-tree-ab.log" | tail -8; grep -v "Warn\|warn" "$OUT/fwd-tree-ab-d128.log" | tail -5
+    cat "$OUT/times.txt" ;;
+  four)
+    # Attempt 69 (session 28): the d64 forward on four consumer warpgroups (256-row tiles of 64-key
+    # tiles, FLASHTILE_GLUON_FWD_CONSUMERS=4): probes/fwd_consumers.py --four (the oracle, then auto's
+    # three against four in 2, 3 and 4 stages, CUDA graphs, 3 rounds), then its GPU tests; ~450 s.
+    step timeout 280 python3 benchmarks/probes/fwd_consumers.py --four --seqlens ${SEQLENS:-512 1024 2048 4096 16384} \
+      > "$OUT/fwd-four.log" 2>&1
+    gluon_tests tests-four.log "${TEST_LIMIT:-200}" 150 tests/test_gluon.py -m gpu -k "four-consumers" \
+      --timeout-method=thread
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-four.log"; grep -v "Warn\|warn" "$OUT/fwd-four.log" | tail -14
     cat "$OUT/times.txt" ;;
   forward-grid)
     # A forward kernel change's last check (session 27: attempts 67 and 68): the forward's GPU tests

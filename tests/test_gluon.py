@@ -741,27 +741,31 @@ def test_three_consumer_warpgroups_run_at_d64_unless_the_switch_says_two(monkeyp
     assert [hopper.forward_consumers(d) for d in (64, 128, 256)] == [3, 2, 2]
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "2")
     assert [hopper.forward_consumers(d) for d in (64, 128, 256)] == [2, 2, 2]
+    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "4")
+    assert [hopper.forward_consumers(d) for d in (64, 128, 256)] == [4, 2, 2]
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "three")
-    with pytest.raises(ValueError, match="FLASHTILE_GLUON_FWD_CONSUMERS: expected auto, 2 or 3, got 'three'"):
+    with pytest.raises(ValueError, match="FLASHTILE_GLUON_FWD_CONSUMERS: expected auto, 2, 3 or 4, got 'three'"):
         hopper.forward_consumers(64)
-    # a three-consumer kernel that fails to build is remembered apart from the two-consumer one
+    # a three- or four-consumer kernel that fails to build is remembered apart from the two-consumer one
     q = torch.empty(1, 2, 16, 40, dtype=torch.bfloat16)
     keys = {}
-    for value in ("2", "3"):
+    for value in ("2", "3", "4"):
         monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, value)
         keys[value] = hopper._failure_key(False, q, causal=True)
     assert keys["2"][0] == "forward" and keys["3"][0] == "three-consumer forward"
+    assert keys["4"][0] == "four-consumer forward"
     assert hopper._failure_key(True, q, causal=True)[0] == "backward"  # the backward has no such variant
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+@pytest.mark.parametrize("consumers", [3, 4])
 @pytest.mark.parametrize("head_dim", [40, 64, 128])
-def test_three_consumers_launch_192_row_tiles_in_64_row_parts(monkeypatch, head_dim):
+def test_three_or_four_consumers_launch_tiles_of_64_row_parts(monkeypatch, head_dim, consumers):
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0")  # a program per Q tile (persistent: below)
     gluon_fwd = hopper._gluon()[0]
     launches = []
     monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
-    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "3")
+    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, str(consumers))
     q, out = (torch.randn(2, 6, 500, head_dim, dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(2, 2, 333, head_dim, dtype=torch.bfloat16) for _ in range(2))
     hopper.forward(q, k, v, out, head_dim ** -0.5, causal=True)
@@ -769,11 +773,12 @@ def test_three_consumers_launch_192_row_tiles_in_64_row_parts(monkeypatch, head_
     width = hopper.kernel_head_dim(head_dim)
     q_desc, k_desc, v_desc, o_desc = args[:4]
     assert q_desc.block_shape == o_desc.block_shape == [1, 1, 64, width]
-    if width == 64:  # three consumers of 64 rows, on their own K/V tiles, each tile's products in turn
-        assert constexprs["CONSUMERS"] == 3 and constexprs["BLOCK_M"] == 192
-        assert (constexprs["BLOCK_N"], constexprs["NUM_STAGES"]) == hopper.FORWARD_THREE_CONSUMER_TILES
-        assert constexprs["CONSUMER_REGS"] == hopper.FORWARD_CONSUMER_REGS[3]
-        assert constexprs["OVERLAP"] is False and hopper.FORWARD_OVERLAP[3] is False
+    if width == 64:  # three or four consumers of 64 rows, on their own K/V tiles, each tile's products in turn
+        assert constexprs["CONSUMERS"] == consumers and constexprs["BLOCK_M"] == 64 * consumers
+        tiles = hopper.FORWARD_THREE_CONSUMER_TILES if consumers == 3 else hopper.FORWARD_FOUR_CONSUMER_TILES
+        assert (constexprs["BLOCK_N"], constexprs["NUM_STAGES"]) == tiles
+        assert constexprs["CONSUMER_REGS"] == hopper.FORWARD_CONSUMER_REGS[consumers]
+        assert constexprs["OVERLAP"] is False and hopper.FORWARD_OVERLAP[consumers] is False
     else:  # other head dims keep two (and the launch as before: no CONSUMERS or OVERLAP argument)
         assert "CONSUMERS" not in constexprs and "OVERLAP" not in constexprs and constexprs["BLOCK_M"] == 128
     assert k_desc.block_shape == v_desc.block_shape == [1, 1, constexprs["BLOCK_N"], width]
@@ -781,8 +786,8 @@ def test_three_consumers_launch_192_row_tiles_in_64_row_parts(monkeypatch, head_
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
-@pytest.mark.parametrize("head_dim,seqlen_k,consumers,buffers", [(64, 333, 3, 2), (64, 333, 2, 2), (128, 333, 2, 2),
-                                                                 (128, 5000, 2, 1), (256, 333, 2, 1)])
+@pytest.mark.parametrize("head_dim,seqlen_k,consumers,buffers", [(64, 333, 3, 2), (64, 333, 4, 2), (64, 333, 2, 2),
+                                                                 (128, 333, 2, 2), (128, 5000, 2, 1), (256, 333, 2, 1)])
 def test_persistent_forward_launches_a_program_per_sm_at_most(monkeypatch, head_dim, seqlen_k, consumers, buffers):
     gluon_fwd = hopper._gluon()[0]
     launches = []
@@ -925,17 +930,17 @@ def test_gpu_gluon_forward_grid(gluon_calls, dtype, headdim, seqlens, causal):
 
 
 # FLASHTILE_GLUON_FWD_CONSUMERS: the d64 forward on three consumer warpgroups (192-row tiles; auto
-# too) and on two (128-row tiles), each chosen by the switch.
+# too), on two (128-row tiles) and on four (256-row tiles of 64 keys), each chosen by the switch.
 GRID_THREE = [case for case in GRID if hopper.kernel_head_dim(case[1]) == 64]
 
 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
-@pytest.mark.parametrize("consumers", [3, 2])
+@pytest.mark.parametrize("consumers", [3, 2, 4], ids=["three-consumers", "two-consumers", "four-consumers"])
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID_THREE, ids=[_case_id(case) for case in GRID_THREE])
-def test_gpu_gluon_forward_on_three_consumers(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal,
-                                              consumers):
+def test_gpu_gluon_forward_on_three_consumers_or_two_or_four(gluon_calls, monkeypatch, dtype, headdim, seqlens,
+                                                             causal, consumers):
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, str(consumers))
     chosen = []  # what hopper.forward chose: the consumers asked for, not a silent other count
     choose = hopper.forward_consumers
@@ -965,15 +970,16 @@ GRID_PERSISTENT = [case for case in GRID if case[2] in ((113, 203), (1023, 1023)
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
 @pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID_PERSISTENT,
                          ids=[_case_id(case) for case in GRID_PERSISTENT])
-@pytest.mark.parametrize("consumers", ["auto", "2"], ids=["consumers-auto", "two-consumers"])
+@pytest.mark.parametrize("consumers", ["auto", "2", "4"], ids=["consumers-auto", "two-consumers", "four-consumers"])
 # (early-kv: with one Q buffer, the next tile's first K/V tiles copied before the wait for it)
 @pytest.mark.parametrize("schedule,early_kv", [("turns", False), ("dynamic", False), ("dynamic", True),
                                               ("turns", True)],
                          ids=["turns", "dynamic", "early-kv", "turns-early-kv"])
 def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal, schedule,
                                                   early_kv, consumers):
-    if consumers == "2" and (hopper.kernel_head_dim(headdim) != 64 or schedule != "turns" or early_kv):
-        pytest.skip("two consumers differ from auto's count at d64 only")
+    if consumers != "auto" and (hopper.kernel_head_dim(headdim) != 64 or (consumers == "2" and schedule != "turns")
+                                or early_kv):
+        pytest.skip("two or four consumers differ from auto's count at d64 only")
     if early_kv and hopper.kernel_head_dim(headdim) == 64:
         pytest.skip("d64 has two Q buffers: the early K/V copies are for one")
     monkeypatch.setattr(hopper, "PERSISTENT_EARLY_KV", early_kv)
@@ -1012,11 +1018,11 @@ OVERHANG_SHAPES = [(1025, 4097), (129, 333), (4096, 4096)]
 @pytest.mark.parametrize("seqlens", OVERHANG_SHAPES, ids=[f"q{sq}k{sk}" for sq, sk in OVERHANG_SHAPES])
 @pytest.mark.parametrize("headdim", [64, 128, 256], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("programs", ["per-tile", "turns", "dynamic"])
-@pytest.mark.parametrize("consumers", ["auto", "2"], ids=["consumers-auto", "two-consumers"])
+@pytest.mark.parametrize("consumers", ["auto", "2", "4"], ids=["consumers-auto", "two-consumers", "four-consumers"])
 def test_gpu_gluon_causal_forward_with_the_overhang_in_front(gluon_calls, monkeypatch, seqlens, headdim, programs,
                                                              consumers):
-    if consumers == "2" and headdim != 64:
-        pytest.skip("two consumers differ from auto's count at d64 only")
+    if consumers != "auto" and headdim != 64:
+        pytest.skip("two or four consumers differ from auto's count at d64 only")
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, consumers)
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0" if programs == "per-tile" else "1")
     monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", programs == "dynamic")

@@ -197,6 +197,18 @@ def gluon_variants(quick: bool):
                dict(HEAD_DIM=64, BLOCK_M=192, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal, DTYPE=dtype,
                     Q_ROWS=64, KV_ROWS=block_n, CONSUMERS=3, OVERLAP=overlap, LOADER_REGS=24,
                     CONSUMER_REGS=hopper.FORWARD_CONSUMER_REGS[3]), 4)
+    # Four consumer warpgroups of 64 rows at d64 (FLASHTILE_GLUON_FWD_CONSUMERS=4): 256-row tiles of
+    # 64-key tiles, each tile's products in turn, a program per tile and persistent.
+    block_n, stages = getattr(hopper, "FORWARD_FOUR_CONSUMER_TILES", (None, None))
+    for causal, persistent in [] if block_n is None else [(True, True)] if quick else [
+            (False, False), (True, False), (False, True), (True, True)]:
+        four = dict(HEAD_DIM=64, BLOCK_M=256, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal, DTYPE="bf16",
+                    Q_ROWS=64, KV_ROWS=block_n, CONSUMERS=4, OVERLAP=False, LOADER_REGS=24,
+                    CONSUMER_REGS=hopper.FORWARD_CONSUMER_REGS[4])
+        if persistent:
+            four.update(PERSISTENT=True, Q_BUFFERS=hopper.forward_q_buffers(64, 256, block_n, stages))
+        yield (f"gluon fwd4 d=64 {'causal' if causal else 'full'} bf16 s{stages} in turn"
+               f"{' persistent' if persistent else ''}", gluon_fwd._fwd_pingpong_kernel, four, 4)
     # Two consumers with each tile's products in turn (a probe's variant, attempt 60). A tree from
     # before OVERLAP (sass_compare.py's dump drops constexprs a kernel lacks) compiles the
     # overlapped order under these "in turn" names: expect them to differ there.

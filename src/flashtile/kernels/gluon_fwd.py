@@ -13,7 +13,7 @@ schedule out, as FlashAttention-3 does, in Triton's Gluon dialect:
   overlaps the other's matmuls (measured: attempt 26 in docs/performance.md). With
   CONSUMERS = 3 (d64 under auto; on 128-key tiles with each tile's products in turn,
   1.03-1.11x two consumers on the H200 but for the causal 1k cell, 0.96x) three of them
-  share a 192-row tile.
+  share a 192-row tile, and with CONSUMERS = 4 (a switch's; 64-key tiles) four a 256-row one.
 
 Tiles travel through 4-D tensor descriptors of the (B, H, S, D) views, so any strides
 TMA can address work (bshd or bhsd), rows past a sequence's end arrive as zeros and the
@@ -206,7 +206,14 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
             mbarrier.wait(k_ready.index(slot), phase)
             s = warpgroup_mma(q_regs, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(0, deps=(s, ))
+            if BLOCK_N == HEAD_DIM:
+                # Where P's operand has Q's shape, ptxas (CUDA 12.8 and 12.9) gave it Q's registers,
+                # so every tile after the first took P as Q (session 28: 64-key tiles at d64, any
+                # count of consumers). Q passed through the wait as the product's operand stays
+                # apart (16 moves a tile); with 128-key tiles it does (the SASS unchanged there).
+                s, q_regs = warpgroup_mma_wait(0, deps=(s, q_regs))
+            else:
+                s = warpgroup_mma_wait(0, deps=(s, ))
             mbarrier.arrive(k_empty.index(slot), count=1)
             s = hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles,
                              n_masked, batch, head, mask_buffer, MASK_MOD)
@@ -434,7 +441,7 @@ def _fwd_pingpong_kernel(
     (B, Hkv, Sk, D) with (1, 1, BLOCK_N, D). CONSUMERS: 2 warpgroups of BLOCK_M / 2 rows, or 3
     (FlashAttention-3's d64 forward: 192-row tiles, more work in flight per K/V tile; the CTA
     padded to 16 warps, the workers' CONSUMER_REGS and the default partition's share of the 64K
-    register file: 160 and 168). OVERLAP: each consumer's products in FlashAttention-3's order
+    register file: 160 and 168), or 4 (256-row tiles of 64-key tiles; 20 warps, 112 and 120). OVERLAP: each consumer's products in FlashAttention-3's order
     (True) or one tile's after the other (False; see _consumer).
 
     PERSISTENT: a grid of fewer programs (one per SM), each taking the work items (Q tiles, in
@@ -447,7 +454,7 @@ def _fwd_pingpong_kernel(
     copies that item's first K/V tiles before the wait (_persistent_loader).
     """
     gl.static_assert(num_warps == 4)
-    gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3)
+    gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3 or CONSUMERS == 4)
     PART_M: gl.constexpr = BLOCK_M // CONSUMERS
     gl.static_assert(PART_M * CONSUMERS == BLOCK_M)
     if PERSISTENT:
@@ -478,7 +485,7 @@ def _fwd_pingpong_kernel(
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
                                       CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EARLY_KV)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
-        else:
+        elif CONSUMERS == 3:
             gl.warp_specialize([
                 (_persistent_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
@@ -500,6 +507,33 @@ def _fwd_pingpong_kernel(
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
                                       CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EARLY_KV)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+        else:
+            gl.warp_specialize([
+                (_persistent_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
+                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                                        Q_BUFFERS, TileCounter, item_slots)),
+                (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
+                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                                        Q_BUFFERS, TileCounter, item_slots)),
+                (_persistent_consumer, (2, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
+                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                                        Q_BUFFERS, TileCounter, item_slots)),
+                (_persistent_consumer, (3, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
+                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                                        Q_BUFFERS, TileCounter, item_slots)),
+                (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                      v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
+                                      group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
+                                      CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EARLY_KV)),
+            ], [4, 4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, num_heads_q, group_size,
                               seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale, HEAD_DIM, PART_M, BLOCK_M,
@@ -536,7 +570,7 @@ def _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
-    else:
+    elif CONSUMERS == 3:
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
                          batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
@@ -550,6 +584,23 @@ def _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
+                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 0, 0, 0)),
+            (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
+                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 1, 0, 0)),
+            (_consumer, (2, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
+                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 2, 0, 0)),
+            (_consumer, (3, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
+                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
+                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 3, 0, 0)),
+            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
+                       batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
+        ], [4, 4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
 
 
 @gluon.jit

@@ -262,14 +262,17 @@ def _listed_takes(block_mask, head_dim: int, band: Band, backward: bool, choice:
     return listed_backward_fits(block_mask, head_dim) if backward else listed_tiles_fit(block_mask, head_dim)
 
 
+_CONSUMER_KERNEL_NAMES = {3: "three-consumer forward", 4: "four-consumer forward"}
+
+
 def _failure_key(backward: bool, q: torch.Tensor, *, causal: bool, mask=None) -> tuple:
     """What a kernel that failed to build is remembered by: the kernel, head dim, dtype and
     causality, and for the block-sparse kernels the mask_mod (MaskMod) compiled into them, so
     that one mask Gluon cannot build leaves the others on the Gluon kernels; the dense forward on
-    three consumer warpgroups (forward_consumers) apart from the one on two."""
+    three or four consumer warpgroups (forward_consumers) apart from the one on two."""
     kernel = ("block-sparse " if mask is not None else "") + ("backward" if backward else "forward")
-    if not backward and mask is None and kernel_head_dim(q.shape[3]) == 64 and forward_consumers(64) == 3:
-        kernel = "three-consumer forward"
+    if not backward and mask is None and kernel_head_dim(q.shape[3]) == 64:
+        kernel = _CONSUMER_KERNEL_NAMES.get(forward_consumers(64), kernel)
     return (kernel, q.shape[3], q.dtype, causal, mask)
 
 
@@ -600,8 +603,12 @@ def causal_heads_per_group(causal: bool, rows: int, seqlen: int, head_dim: int, 
 # non-causal at 1k / 4k / 16k keys and 0.96 / 1.05 / 1.07x causal (H200, session 24,
 # probes/fwd_consumers.py, CUDA graphs); the causal 1k cell runs the Triton forward under auto
 # (measured_faster), so auto takes three wherever it runs the d64 Gluon forward.
+# FLASHTILE_GLUON_FWD_CONSUMERS=4 (kernel head dim 64): four consumers of 64 rows, 256-row tiles,
+# which divide the grid's lengths (1k, 4k, 16k) where 192 rows leave a Q tile of one live part in
+# six at 1k. Five warpgroups share the register file (the CTA padded to 20 warps): 112 a worker
+# consumer, the default partition 120, so S, P and O take 64-key tiles (FORWARD_FOUR_CONSUMER_TILES).
 FORWARD_CONSUMERS_SWITCH = "FLASHTILE_GLUON_FWD_CONSUMERS"
-FORWARD_CONSUMER_REGS = {2: 240, 3: 160}
+FORWARD_CONSUMER_REGS = {2: 240, 3: 160, 4: 112}
 # The three consumers' (BLOCK_N, NUM_STAGES): FlashAttention-3's 128-key tiles, in 2 stages (88 KiB
 # of shared memory). In FlashAttention-3's order (S of the next tile issued before this tile's P V)
 # the consumer's S, P and O (64 + 32 + 32 registers a thread) spill at 160 registers (sm_90
@@ -611,18 +618,31 @@ FORWARD_CONSUMER_REGS = {2: 240, 3: 160}
 # dead before O's product, and 128-key tiles compile without a spill (stack 0 at 160 registers,
 # Triton 3.6 and 3.9; attempt 60). In 3 stages (120 KiB) they ran 0.98-1.02x 2 stages (session 24).
 FORWARD_THREE_CONSUMER_TILES = (128, 2)
+# The four consumers' (BLOCK_N, NUM_STAGES): 64-key tiles (S 32, P 16, O 32 and Q 16 registers a
+# thread in turn; sm_90 compile, Triton 3.9: 112 registers, 32-48 bytes of stack in the set-up).
+FORWARD_FOUR_CONSUMER_TILES = (64, 3)
 # Whether a consumer issues S of tile j+1 before O += P_j V_j (gluon_fwd._consumer's OVERLAP), by
 # the count of consumers: two keep FlashAttention-3's order (every measurement since session 9);
 # three do not (above). In the first order S_j and P_{j-1} V_{j-1} are in flight together, though
 # ptxas waits for both before the exponentials (the kernel's docstring); in turn, a warpgroup's
 # two product latencies add up, which the other warpgroups' products have to cover.
-FORWARD_OVERLAP = {2: True, 3: False}
+FORWARD_OVERLAP = {2: True, 3: False, 4: False}
 
 
 def forward_consumers(head_dim: int) -> int:
     """The consumer warpgroups of the dense Gluon forward at kernel head dim ``head_dim``
-    (``FLASHTILE_GLUON_FWD_CONSUMERS``): three at 64 unless the switch says 2, two elsewhere."""
-    return 3 if choice(FORWARD_CONSUMERS_SWITCH, ("2", "3")) != "2" and head_dim == 64 else 2
+    (``FLASHTILE_GLUON_FWD_CONSUMERS``): at 64 three, or what the switch says (2 or 4); two elsewhere."""
+    if head_dim != 64:
+        return 2
+    switch = choice(FORWARD_CONSUMERS_SWITCH, ("2", "3", "4"))
+    return 3 if switch == "auto" else int(switch)
+
+
+def _forward_consumer_tiles(consumers: int, head_dim: int, seqlen_k: int) -> tuple[int, int]:
+    """(BLOCK_N, NUM_STAGES) of the dense forward on ``consumers`` consumer warpgroups."""
+    if consumers == 2:
+        return _config(head_dim, seqlen_k)
+    return FORWARD_THREE_CONSUMER_TILES if consumers == 3 else FORWARD_FOUR_CONSUMER_TILES
 
 
 # FLASHTILE_GLUON_FWD_PERSISTENT: the dense forward on persistent programs (gluon_fwd's PERSISTENT:
@@ -758,7 +778,8 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
     that many persistent programs (the SMs), 0: a program per Q tile."""
     overlap = FORWARD_OVERLAP.get(consumers, True)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
-           consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_CONSUMER_REGS.get(consumers), overlap,
+           consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_FOUR_CONSUMER_TILES,
+           FORWARD_CONSUMER_REGS.get(consumers), overlap,
            CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs, SHARED_MEMORY_BYTES,
            _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC, PERSISTENT_EARLY_KV)
     plan = _DENSE_FORWARD_PLANS.get(key)
@@ -766,7 +787,7 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
         return plan
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    block_n, num_stages = _config(head_dim, seqlen_k) if consumers == 2 else FORWARD_THREE_CONSUMER_TILES
+    block_n, num_stages = _forward_consumer_tiles(consumers, head_dim, seqlen_k)
     part_m = BLOCK_M // 2  # rows per consumer warpgroup
     block_m = part_m * consumers
     num_m_blocks = cdiv(seqlen_q, block_m)
