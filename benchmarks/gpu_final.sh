@@ -50,6 +50,8 @@
 #   bash benchmarks/gpu_final.sh lead-parts # attempt 67: a causal head's overhanging Q parts moved to its first
 #                                        # tile: probes/fwd_tree_ab.py OLD_SRC against this tree (d64, d128),
 #                                        # then the forward's GPU tests (FORWARD_SELECTION); ~300 s
+#   bash benchmarks/gpu_final.sh forward39  # the forward's GPU tests and probes/fwd_in_turn_check.py under a
+#                                        # carried Triton (3.9.0 unless TRITON_VERSION), as triton39; ~300 s
 #   bash benchmarks/gpu_final.sh four       # attempt 69: the d64 forward on four consumer warpgroups: the consumers
 #                                        # probe (--four) and its GPU tests; ~450 s
 #   bash benchmarks/gpu_final.sh forward-grid # session 27's last call: the forward's GPU tests (every d64 one, the
@@ -459,6 +461,17 @@ case ${1:-tests} in
       -k "$FORWARD_SELECTION" --timeout-method=thread
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-lead-parts.log"
     grep -v "Warn\|warn" "$OUT/fwd-tree-ab.log" | tail -8; grep -v "Warn\|warn" "$OUT/fwd-tree-ab-d128.log" | tail -5
+    cat "$OUT/times.txt" ;;
+  forward39)
+    # The dense forward's GPU tests (FORWARD_SELECTION: Q in registers, four consumers) under a newer
+    # Triton carried as for triton39, whose ptxas allocates the in-turn path's registers apart from
+    # 3.6's; then probes/fwd_in_turn_check.py under it (session 28); ~300 s.
+    version=${TRITON_VERSION:-3.9.0}
+    use_carried_triton "$version"
+    gluon_tests "tests-forward-$version.log" "${TEST_LIMIT:-260}" 150 tests/test_gluon.py -m gpu \
+      -k "$FORWARD_SELECTION" --timeout-method=thread
+    step timeout 120 python3 benchmarks/probes/fwd_in_turn_check.py > "$OUT/in-turn-check-$version.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-forward-$version.log"; grep -v "Warn\|warn" "$OUT/in-turn-check-$version.log"
     cat "$OUT/times.txt" ;;
   four)
     # Attempt 69 (session 28): the d64 forward on four consumer warpgroups (256-row tiles of 64-key
