@@ -268,9 +268,11 @@ def test_a_descriptor_from_the_cache_equals_a_newly_checked_one_and_the_cache_ke
     assert {name: value for name, value in vars(cached).items() if name not in ("base", fast_launch.LAUNCH_KEY)} \
         == {name: value for name, value in vars(built).items() if name != "base"}
     assert all(template.base is None for template in hopper._DESCRIPTOR_TEMPLATES.values())
-    # Another tile, stride or dtype is another key: never a descriptor of the wrong box.
+    # Another tile, width, stride or dtype is another key: never a descriptor of the wrong box.
     other = hopper._tile_descriptor(second, 128)
     assert other.block_shape == [1, 1, 128, 64]
+    assert hopper._tile_descriptor(second, 64, 128).block_shape == [1, 1, 64, 128]
+    assert hopper._tile_descriptor(second, 64).block_shape == [1, 1, 64, 64]
     contiguous = second.contiguous()
     assert hopper._tile_descriptor(contiguous, 64).strides == list(contiguous.stride())
     halves = second.half()

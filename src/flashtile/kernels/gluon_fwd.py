@@ -441,8 +441,9 @@ def _fwd_pingpong_kernel(
     (B, Hkv, Sk, D) with (1, 1, BLOCK_N, D). CONSUMERS: 2 warpgroups of BLOCK_M / 2 rows, or 3
     (FlashAttention-3's d64 forward: 192-row tiles, more work in flight per K/V tile; the CTA
     padded to 16 warps, the workers' CONSUMER_REGS and the default partition's share of the 64K
-    register file: 160 and 168), or 4 (256-row tiles of 64-key tiles; 20 warps, 112 and 120). OVERLAP: each consumer's products in FlashAttention-3's order
-    (True) or one tile's after the other (False; see _consumer).
+    register file: 160 and 168), or 4 (256-row tiles of 64-key tiles; 20 warps, 112 and 120).
+    OVERLAP: each consumer's products in FlashAttention-3's order (True) or one tile's after the
+    other (False; see _consumer).
 
     PERSISTENT: a grid of fewer programs (one per SM), each taking the work items (Q tiles, in
     the order above) pid, pid + programs, ... (with TileCounter, a zeroed int32 counter: the
