@@ -388,7 +388,8 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser, console:
                 ("FLASHTILE_GLUON_DQ_SWIZZLE",
                  "unset (128: the five-product backward's dQ staging swizzle in bytes; 0, 32, 64 measured slower)"),
                 ("FLASHTILE_GLUON_FWD_CONSUMERS",
-                 "unset (auto: three consumer warpgroups at d64, two elsewhere; 2: two everywhere)"),
+                 "unset (auto: three consumer warpgroups at d64, two elsewhere; 2: two everywhere; 4: four "
+                 "at d64, 256-row tiles)"),
                 ("FLASHTILE_GLUON_FWD_PERSISTENT",
                  "unset (auto: persistent forward programs for causal rows (d256 past 1k keys; on a dynamic "
                  "scheduler past 1k keys) and non-causal d64 and d128 to 4k keys; 0: a program per Q tile; "
