@@ -107,3 +107,49 @@ def test_sass_compare_finds_a_tree_equal_to_itself_and_reports_a_change(tmp_path
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "sass_compare.py"), "diff", str(first), str(second)],
                             capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 1 and "1 of 1 variants differ" in result.stdout, result.stdout
+
+
+def _sass_operands():
+    """tools/sass_operands.py as a module (tools/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("flashtile_tools_sass_operands", ROOT / "tools" / "sass_operands.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# A loop of an in-turn forward tile, as cuobjdump prints it: Q loaded once before the loop, S = Q Kᵀ
+# (B plain), P packed, O += P V (B transposed), back to the loop's top. Session 28's miscompile put P
+# in Q's registers (the first loop); a correct build keeps Q apart and moves it back (the second).
+_LOOP = """
+        /*0000*/                   LDSM.16.M88.4 R{q}, [R8] ;
+        /*0010*/                   {restore}
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R24, R88, gdesc[UR12], RZ, !UPT, gsb0 ;
+        /*0030*/                   F2FP.BF16.F32.PACK_AB R88, R25, R24 ;
+        /*0040*/                   F2FP.BF16.F32.PACK_AB R89, R27, R26 ;
+        /*0050*/                   F2FP.BF16.F32.PACK_AB R90, R29, R28 ;
+        /*0060*/                   F2FP.BF16.F32.PACK_AB R91, R31, R30 ;
+        /*0070*/                   HGMMA.64x64x16.F32.BF16 R56, R88, gdesc[UR16].tnspB, R56, gsb0 ;
+        /*0080*/               @P0 BRA 0x10 ;
+        /*0090*/                   EXIT ;
+"""
+
+
+def test_the_sass_check_finds_p_read_as_q_and_passes_q_kept_apart():
+    clashes = _sass_operands().clashes
+    found = clashes(_LOOP.format(q=88, restore="NOP ;"))
+    assert len(found) == 1 and found[0].startswith("0070 HGMMA") and "0020 HGMMA" in found[0], found
+    # a move of one of the four registers back is not enough: the other three still hold P
+    assert len(clashes(_LOOP.format(q=88, restore="IMAD.MOV.U32 R88, RZ, RZ, R4 ;"))) == 1
+    moves = "".join(f"        /*001{2 * i}*/   MOV R{89 + i - 1}, R{5 + i - 1} ;\n" for i in (1, 2, 3))
+    kept = _LOOP.format(q=4, restore="IMAD.MOV.U32 R88, RZ, RZ, R4 ;").replace("        /*0020*/",
+                                                                             moves + "        /*0020*/")
+    assert clashes(kept) == []
+    # Q read by S alone (P in other registers), as the shipped 128-key kernels keep them
+    apart = _LOOP.format(q=88, restore="NOP ;")
+    for register, other in (("R88", "R40"), ("R89", "R41"), ("R90", "R42"), ("R91", "R43")):
+        apart = apart.replace(f"PACK_AB {register},", f"PACK_AB {other},")
+    assert clashes(apart.replace("R56, R88, gdesc[UR16]", "R56, R40, gdesc[UR16]")) == []
+    # without the loop's branch back, P V is the last reader: nothing to flag
+    assert clashes(_LOOP.format(q=88, restore="NOP ;").replace("@P0 BRA 0x10", "NOP")) == []

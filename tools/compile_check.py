@@ -9,6 +9,9 @@ shared memory. Run it before handing kernel changes to a GPU:
     python tools/compile_check.py            # all variants (~10 s each on 2 cores)
     python tools/compile_check.py --quick    # one variant per kernel
     python tools/compile_check.py --smem     # the config fit's shared-memory estimate vs Triton's
+
+The dense Gluon forward's SASS is also checked for wgmma register operands one product leaves for
+another (tools/sass_operands.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+import sass_operands  # (beside this file)
 from flashtile.kernels.append import _append_kv_kernel
 from flashtile.kernels.bwd import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess
 from flashtile.kernels.decode import _combine_splits_kernel, _decode_kernel
@@ -482,6 +486,13 @@ def main(argv=None) -> int:
         except Exception as err:  # noqa: BLE001 - report every failing variant, then fail
             failures += 1
             print(f"FAIL {name}: {type(err).__name__}: {str(err).splitlines()[-1][:200]}", flush=True)
+            continue
+        # The dense Gluon forward's register operands: none that P V leaves for Q Kᵀ to read as Q
+        # (ptxas of CUDA 12.8 did on 64-key tiles, session 28: tools/sass_operands.py).
+        clashes = sass_operands.clashes(cuobjdump(compiled, "-sass")) if name.startswith("gluon fwd") else []
+        if clashes:
+            failures += 1
+            print(f"FAIL {name}: {clashes[0]}", flush=True)
             continue
         ptx = compiled.asm["ptx"]
         extra = f"  {resource_usage(compiled)}" if args.resources else ""
