@@ -153,3 +153,8 @@ def test_the_sass_check_finds_p_read_as_q_and_passes_q_kept_apart():
     assert clashes(apart.replace("R56, R88, gdesc[UR16]", "R56, R40, gdesc[UR16]")) == []
     # without the loop's branch back, P V is the last reader: nothing to flag
     assert clashes(_LOOP.format(q=88, restore="NOP ;").replace("@P0 BRA 0x10", "NOP")) == []
+    # nvdisasm's listing (tools/sass_compare.py's dumps) names branch targets by label
+    labelled = _LOOP.format(q=88, restore="NOP ;").replace("        /*0010*/", ".L_x_1:\n        /*0010*/")
+    assert len(clashes(labelled.replace("BRA 0x10", "BRA `(.L_x_1)"))) == 1
+    with pytest.raises(ValueError, match="not an instruction of this listing"):
+        clashes(labelled.replace("BRA 0x10", "BRA `(.L_x_9)"))

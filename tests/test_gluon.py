@@ -729,6 +729,21 @@ def test_a_repeated_forward_launches_from_its_plan_with_the_new_tensors(monkeypa
     assert call()[1][7] == 1  # heads per group: the plain order
     monkeypatch.setitem(hopper.FORWARD_OVERLAP, 2, False)
     assert call()[2]["OVERLAP"] is False  # each tile's products in turn (a probe's variant)
+    # ... and the four consumers' tiles and registers (probes/fwd_consumers.py --four swaps both)
+    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "4")
+
+    def four():
+        q, out = (torch.randn(1, 2, 300, 64, dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(1, 2, 333, 64, dtype=torch.bfloat16) for _ in range(2))
+        hopper.forward(q, k, v, out, 0.125, causal=True)
+        constexprs = launches[-1][3]
+        return constexprs["CONSUMERS"], constexprs["BLOCK_N"], constexprs["NUM_STAGES"], constexprs["CONSUMER_REGS"]
+
+    assert four() == (4, *hopper.FORWARD_FOUR_CONSUMER_TILES, hopper.FORWARD_CONSUMER_REGS[4])
+    monkeypatch.setattr(hopper, "FORWARD_FOUR_CONSUMER_TILES", (64, 2))
+    monkeypatch.setitem(hopper.FORWARD_CONSUMER_REGS, 4, 104)
+    assert four() == (4, 64, 2, 104)
+    monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH)
     # Where Triton's descriptors could not be copied (no template), each call builds its own.
     monkeypatch.setattr(hopper, "_tile_template", lambda t, rows, width: None)
     assert call(scale=0.5) == call(scale=0.5)
@@ -979,9 +994,10 @@ GRID_PERSISTENT = [case for case in GRID if case[2] in ((113, 203), (1023, 1023)
                          ids=["turns", "dynamic", "early-kv", "turns-early-kv"])
 def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal, schedule,
                                                   early_kv, consumers):
-    if consumers != "auto" and (hopper.kernel_head_dim(headdim) != 64 or (consumers == "2" and schedule != "turns")
-                                or early_kv):
+    if consumers != "auto" and hopper.kernel_head_dim(headdim) != 64:
         pytest.skip("two or four consumers differ from auto's count at d64 only")
+    if consumers == "2" and schedule != "turns":
+        pytest.skip("two consumers run in fixed turns here; auto's three take the dynamic scheduler")
     if early_kv and hopper.kernel_head_dim(headdim) == 64:
         pytest.skip("d64 has two Q buffers: the early K/V copies are for one")
     monkeypatch.setattr(hopper, "PERSISTENT_EARLY_KV", early_kv)
@@ -1002,15 +1018,18 @@ def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtyp
                bhsd_as_view=index % 4 < 2)
     assert gluon_calls, "the call did not take the Gluon forward"
     assert plans and all(plan.constexprs.get("PERSISTENT") for plan in plans), "not on persistent programs"
+    if consumers != "auto":  # the count asked for, not a silent other one
+        assert all(plan.constexprs.get("CONSUMERS", 2) == int(consumers) for plan in plans)
     assert all(plan.dynamic is (schedule == "dynamic") for plan in plans)
     assert all(plan.constexprs.get("EARLY_KV", False) is (early_kv and plan.constexprs["Q_BUFFERS"] == 1)
                for plan in plans)
 
 
 # Under causal a head's Q tiles start the overhang's whole parts before its first row
-# (q_tile_of_program's LEAD_PART): shapes where both tile heights (192 and 128 rows) shift by a
-# part over several Q tiles with fewer queries than keys, and the 4096 rows that shift d64's
-# 192-row tiles by two parts over 22 tiles, on each way the forward's programs take their tiles.
+# (q_tile_of_program's LEAD_PART): shapes where every tile height (256, 192 and 128 rows) shifts by
+# parts over several Q tiles with fewer queries than keys (1025 rows: three parts of a 256-row tile,
+# the most it can shift), and the 4096 rows that shift d64's 192-row tiles by two parts over 22
+# tiles (256 rows divide it), on each way the forward's programs take their tiles.
 OVERHANG_SHAPES = [(1025, 4097), (129, 333), (4096, 4096)]
 
 
@@ -1028,10 +1047,15 @@ def test_gpu_gluon_causal_forward_with_the_overhang_in_front(gluon_calls, monkey
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, consumers)
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0" if programs == "per-tile" else "1")
     monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", programs == "dynamic")
+    plans = []  # what hopper.forward launched: the consumers asked for
+    make_plan = hopper._dense_forward_plan
+    monkeypatch.setattr(hopper, "_dense_forward_plan", lambda *args: plans.append(make_plan(*args)) or plans[-1])
     sq, sk = seqlens
     check_case(1 if sq * sk > 2048 * 1024 else 2, sq, sk, 4, 2, headdim, torch.bfloat16, causal=True,
                layout="bshd" if headdim == 128 else "bhsd")
     assert gluon_calls, "the call did not take the Gluon forward"
+    if consumers != "auto":
+        assert plans and all(plan.constexprs.get("CONSUMERS", 2) == int(consumers) for plan in plans)
 
 
 @pytest.mark.gpu

@@ -215,10 +215,15 @@ def gluon_variants(quick: bool):
                f"{' persistent' if persistent else ''}", gluon_fwd._fwd_pingpong_kernel, four, 4)
     # Two consumers with each tile's products in turn (a probe's variant, attempt 60). A tree from
     # before OVERLAP (sass_compare.py's dump drops constexprs a kernel lacks) compiles the
-    # overlapped order under these "in turn" names: expect them to differ there.
+    # overlapped order under these "in turn" names: expect them to differ there. The d128 one has
+    # P's operand in Q's shape (BLOCK_N = HEAD_DIM), where ptxas 12.8 and 12.9 shared their
+    # registers until gluon_fwd._consumer passed Q through the S product's wait (session 28).
     if not quick:
         yield ("gluon fwd d=64 causal bf16 s2 in turn", gluon_fwd._fwd_pingpong_kernel,
                dict(HEAD_DIM=64, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, CAUSAL=True, DTYPE="bf16", Q_ROWS=64,
+                    KV_ROWS=128, OVERLAP=False, **regs), 4)
+        yield ("gluon fwd d=128 causal bf16 s2 in turn", gluon_fwd._fwd_pingpong_kernel,
+               dict(HEAD_DIM=128, BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, CAUSAL=True, DTYPE="bf16", Q_ROWS=64,
                     KV_ROWS=128, OVERLAP=False, **regs), 4)
     # Persistent programs (FORWARD_PERSISTENT): one per SM, each taking several Q tiles, the next
     # tile's Q in a second buffer where shared memory holds it (hopper.forward_q_buffers).

@@ -45,24 +45,52 @@ def _written(opcode: str) -> int:
     return 1
 
 
+def _parse(sass: str) -> list[tuple]:
+    """(address, predicated, opcode, operands, labels) of each instruction, ``labels`` the nvdisasm
+    labels (".L_x_12") just before it: cuobjdump -sass and nvdisasm -c (sass_compare.py's dumps)
+    print the same instructions, branch targets as addresses in the first and labels in the second."""
+    instructions, labels = [], []
+    for line in sass.splitlines():
+        label = re.match(r"^\s*(\.L\w+):\s*$", line)
+        if label:
+            labels.append(label.group(1))
+            continue
+        match = _LINE.search(line)
+        if match:
+            operands = match.group(4).strip()
+            instructions.append((int(match.group(1), 16), bool(match.group(2)), match.group(3),
+                                 [o.strip() for o in operands.split(",")] if operands else [], labels))
+            labels = []
+    return instructions
+
+
+def _branch_target(operands: list[str], at: dict, named: dict) -> int:
+    """The instruction index a BRA or JMP goes to: an address (cuobjdump) or a label (nvdisasm)."""
+    target = operands[-1] if operands else ""
+    address = re.fullmatch(r"0x([0-9a-f]+)", target)
+    label = re.fullmatch(r"`\((\.L\w+)\)", target)
+    if address and int(address.group(1), 16) in at:
+        return at[int(address.group(1), 16)]
+    if label and label.group(1) in named:
+        return named[label.group(1)]
+    raise ValueError(f"a branch to {target!r}, which is not an instruction of this listing")
+
+
 def clashes(sass: str) -> list[str]:
     """Each register an HGMMA reads as its A operand that an HGMMA of the other B orientation reads
-    next as its own on some path, with no write to it between: one line per reading site."""
-    instructions = []
-    for match in _LINE.finditer(sass):
-        operands = match.group(4).strip()
-        instructions.append((int(match.group(1), 16), bool(match.group(2)), match.group(3),
-                             [o.strip() for o in operands.split(",")] if operands else []))
-    at = {address: i for i, (address, _, _, _) in enumerate(instructions)}
+    next as its own on some path, with no write to it between: one line per reading site.
+    Indirect branches (BRX, JMX: the partitions' dispatch at a warp-specialized kernel's start)
+    end a path; a BRA or JMP whose target is not in the listing raises ValueError."""
+    instructions = _parse(sass)
+    at = {address: i for i, (address, *_) in enumerate(instructions)}
+    named = {label: i for i, (*_, labels) in enumerate(instructions) for label in labels}
     successors, writes, a_reads = [], [], {}
-    for i, (_, predicated, opcode, operands) in enumerate(instructions):
+    for i, (_, predicated, opcode, operands, _) in enumerate(instructions):
         following = [i + 1] if i + 1 < len(instructions) else []
         if opcode.startswith(("BRA", "JMP")):
-            target = operands[-1] if operands else ""
-            jumps = [at[int(target, 16)]] if re.fullmatch(r"0x[0-9a-f]+", target) and int(target, 16) in at else []
-            following = jumps + (following if predicated else [])
-        elif opcode.startswith(("EXIT", "RET")) and not predicated:
-            following = []
+            following = [_branch_target(operands, at, named)] + (following if predicated else [])
+        elif opcode.startswith(("BRX", "JMX")) or (opcode.startswith(("EXIT", "RET")) and not predicated):
+            following = following if predicated else []
         successors.append(following)
         first = _REGISTER.match(operands[0]) if operands else None
         writes.append(set(range(int(first.group(1)), int(first.group(1)) + _written(opcode))) if first else set())

@@ -207,12 +207,13 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
             s = warpgroup_mma(q_regs, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
             if BLOCK_N == HEAD_DIM:
-                # Where P's operand has Q's shape, ptxas of CUDA 12.8 (Triton 3.6's) gave it Q's
-                # registers and never put Q back, so every tile after the first took P as Q (session
-                # 28: 64-key tiles at d64, any count of consumers; 12.9's moves Q back). Q passed
-                # through the wait as the product's operand stays apart (16 moves a tile); with
-                # 128-key tiles it does anyway (the SASS unchanged there). tools/sass_operands.py
-                # checks every forward build for this.
+                # Where P's operand has Q's shape, ptxas of CUDA 12.8 (Triton 3.6's) and 12.9 gave
+                # it Q's registers and never put Q back, so every tile after the first took P as Q
+                # (session 28: d64 on 64-key tiles with any count of consumers, d128 on 128-key
+                # tiles; 13.4's, which Triton 3.9 compiles sm_90 with, keeps them apart). Q passed
+                # through the wait as the product's operand stays apart (16 moves a tile); where
+                # the shapes differ it does anyway (the SASS unchanged there).
+                # tools/sass_operands.py checks every forward build for this.
                 s, q_regs = warpgroup_mma_wait(0, deps=(s, q_regs))
             else:
                 s = warpgroup_mma_wait(0, deps=(s, ))

@@ -619,7 +619,8 @@ FORWARD_CONSUMER_REGS = {2: 240, 3: 160, 4: 112}
 # Triton 3.6 and 3.9; attempt 60). In 3 stages (120 KiB) they ran 0.98-1.02x 2 stages (session 24).
 FORWARD_THREE_CONSUMER_TILES = (128, 2)
 # The four consumers' (BLOCK_N, NUM_STAGES): 64-key tiles (S 32, P 16, O 32 and Q 16 registers a
-# thread in turn; sm_90 compile, Triton 3.9: 112 registers, 32-48 bytes of stack in the set-up).
+# thread in turn; sm_90 compile at 112 registers: 0-16 bytes of stack under Triton 3.6, 32-48 in the
+# set-up under 3.9).
 FORWARD_FOUR_CONSUMER_TILES = (64, 3)
 # Whether a consumer issues S of tile j+1 before O += P_j V_j (gluon_fwd._consumer's OVERLAP), by
 # the count of consumers: two keep FlashAttention-3's order (every measurement since session 9);
