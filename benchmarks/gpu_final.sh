@@ -50,6 +50,8 @@
 #   bash benchmarks/gpu_final.sh lead-parts # attempt 67: a causal head's overhanging Q parts moved to its first
 #                                        # tile: probes/fwd_tree_ab.py OLD_SRC against this tree (d64, d128),
 #                                        # then the forward's GPU tests (FORWARD_SELECTION); ~300 s
+#   bash benchmarks/gpu_final.sh bwd-vs-graph  # the 1k and 4k backward cells at d64 and d128 as CUDA graphs, eagerly
+#                                        # and through the API (probes/bench_vs_graph.py --backward); ~150 s
 #   bash benchmarks/gpu_final.sh forward39  # the forward's GPU tests and probes/fwd_in_turn_check.py under a
 #                                        # carried Triton (3.9.0 unless TRITON_VERSION), as triton39; ~300 s
 #   bash benchmarks/gpu_final.sh four       # attempt 69: the d64 forward on four consumer warpgroups: the consumers
@@ -461,6 +463,16 @@ case ${1:-tests} in
       -k "$FORWARD_SELECTION" --timeout-method=thread
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-lead-parts.log"
     grep -v "Warn\|warn" "$OUT/fwd-tree-ab.log" | tail -8; grep -v "Warn\|warn" "$OUT/fwd-tree-ab-d128.log" | tail -5
+    cat "$OUT/times.txt" ;;
+  bwd-vs-graph)
+    # Where the 1k backward cells' time goes (session 28 wrote it; not yet run): probes/bench_vs_graph.py
+    # --backward at d64 and d128, 1k and 4k keys: hopper.backward as a CUDA graph and eagerly, the
+    # API's torch.autograd.grad as the bench calls it, FA2 beside; ~150 s.
+    for d in 64 128; do
+      step timeout 100 python3 benchmarks/probes/bench_vs_graph.py --backward --headdim "$d" \
+        --seqlens 1024 4096 > "$OUT/bwd-vs-graph-d$d.log" 2>&1
+    done
+    cat "$OUT/gpu.txt"; for d in 64 128; do grep -v "Warn\|warn" "$OUT/bwd-vs-graph-d$d.log" | tail -7; done
     cat "$OUT/times.txt" ;;
   forward39)
     # The dense forward's GPU tests (FORWARD_SELECTION: Q in registers, four consumers) under a newer

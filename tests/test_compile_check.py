@@ -19,10 +19,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_tool(script: str, *args: str) -> str:
-    """Run tools/<script> compiling for sm_90 (no TRITON_INTERPRET); its stdout, after it succeeded."""
+def run_tool(script: str, *args: str, env: dict | None = None) -> str:
+    """Run tools/<script> compiling for sm_90 (no TRITON_INTERPRET), with ``env`` added to the
+    environment; its stdout, after it succeeded."""
     pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, **(env or {})}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # silences a Triton 3.9 notice; the default either way
     result = subprocess.run([sys.executable, str(ROOT / "tools" / script), *args],
                             capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
@@ -32,6 +33,19 @@ def run_tool(script: str, *args: str) -> str:
 
 def test_every_kernel_compiles_for_sm90():
     assert "all kernels compile for sm_90" in run_tool("compile_check.py", "--quick")
+
+
+def test_the_in_turn_forward_keeps_q_apart_under_the_older_ptxas():
+    # Triton 3.9 compiles sm_90 with CUDA 13.4's ptxas, which keeps Q's registers apart from P's by
+    # itself; the 12.9 ptxas it also ships gives P Q's registers where they have one shape, as 12.8's
+    # (Triton 3.6's, the GPU image's) did in session 28. Built with that one, the four-consumer
+    # forward (64-key tiles) passes compile_check's SASS check only through gluon_fwd._consumer's guard.
+    triton = pytest.importorskip("triton")
+    older = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not (older.exists() and older.with_name("ptxas-blackwell").exists()):
+        pytest.skip("this Triton compiles sm_90 with the one ptxas compile_check already runs")
+    out = run_tool("compile_check.py", "--quick", "--only", "in turn", env={"TRITON_PTXAS_BLACKWELL_PATH": str(older)})
+    assert "gluon fwd4" in out and "all kernels compile for sm_90" in out
 
 
 def test_config_resources_reports_registers_and_spills():
