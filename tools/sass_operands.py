@@ -1,10 +1,11 @@
 """Find wgmma register operands that one product leaves for another to read as its own (sm_90 SASS).
 
-Session 28 found ptxas (CUDA 12.8, Triton 3.6's) compiling the d64 forward's in-turn path, on
-64-key tiles, so that P's operand for O += P V went into the registers Q had been loaded into
-once before the loop: the next tile's S = Q Kᵀ then read P as Q, with no instruction between
-that put Q back. The PTX was sound; only the SASS showed it. This reads a kernel's SASS
-(cuobjdump -sass) as a control-flow graph of instructions and reports every register that an
+Session 28 found ptxas of CUDA 12.8 (Triton 3.6's) and 12.9 compiling the d64 forward's in-turn
+path, on 64-key tiles, so that P's operand for O += P V went into the registers Q had been loaded
+into once before the loop: the next tile's S = Q Kᵀ then read P as Q, with no instruction between
+that put Q back (13.4's, Triton 3.9's for sm_90, keeps them apart). The PTX was sound; only the
+SASS showed it. This reads a kernel's SASS (cuobjdump -sass, or nvdisasm's listing with labels)
+as a control-flow graph of instructions and reports every register that an
 HGMMA reads as its A operand and that an HGMMA of the other orientation (a transposed B against
 a plain one: P V against Q Kᵀ) reads next on some path, with no write to it between. Reads by the
 same orientation are left alone: a loop-invariant operand read by a peeled copy of the same
