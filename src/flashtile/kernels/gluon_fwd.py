@@ -254,6 +254,18 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
 
 
 @gluon.jit
+def _tile_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+    """_consumer of a program per Q tile (dense, no block mask), ``shared`` what every consumer
+    partition takes alike as one tuple (see _one_tile_per_program)."""
+    q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch, head, q_start, \
+        seqlen_q, seqlen_k, n_tiles, qk_scale = shared
+    _consumer(part, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
+              head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M, BLOCK_N,
+              NUM_STAGES, CAUSAL, None, OVERLAP, part, 0, 0)
+
+
+@gluon.jit
 def _write_slot(slots, index, value):
     """The int32 ``value`` into slot ``index`` of ``slots`` ([n, 1] int32 shared memory), from
     every thread of the partition (the same value)."""
@@ -369,14 +381,17 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
 
 
 @gluon.jit
-def _persistent_consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                         v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks, heads_per_group,
-                         num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, HEAD_DIM: gl.constexpr,
-                         PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                         CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, TileCounter, item_slots):
+def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PART_M: gl.constexpr,
+                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                         CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr,
+                         Q_BUFFERS: gl.constexpr, TileCounter, item_slots):
     """_consumer for a persistent program: the same work items as _persistent_loader's (under the
-    dynamic scheduler, read from ``item_slots`` once the item's Q buffer is ready)."""
+    dynamic scheduler, read from ``item_slots`` once the item's Q buffer is ready). ``shared``: what
+    every consumer partition takes alike (the kernel's ``consumer_shared``), as one tuple, so that
+    each partition's entry in warp_specialize names only its part."""
+    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, stride_lb, \
+        stride_lh, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, \
+        qk_scale = shared
     ring = 0
     local = 0
     if TileCounter is not None:
@@ -472,18 +487,19 @@ def _fwd_pingpong_kernel(
         # TileCounter: a None made here would not pass to the partitions as a constant).
         item_slots = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         fence_async_shared()  # the inits visible to the TMA unit before its first copy
+        # What every consumer partition takes alike, as one tuple, so that each partition's entry names
+        # its part and the constexprs only. (warp_specialize passes tensors and scalars inside a tuple
+        # but not Python ints or None, so the optional counter stays beside it; and each entry must be
+        # written as a (function, arguments) pair in the list: one kept in a variable does not build.)
+        consumer_shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, o_desc, LSE,
+                           stride_lb, stride_lh, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size,
+                           seqlen_q, seqlen_k, qk_scale)
         if CONSUMERS == 2:
             gl.warp_specialize([
-                (_persistent_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
-                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
-                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, TileCounter, item_slots)),
-                (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
-                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
-                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, TileCounter, item_slots)),
+                (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -491,21 +507,12 @@ def _fwd_pingpong_kernel(
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         elif CONSUMERS == 3:
             gl.warp_specialize([
-                (_persistent_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
-                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
-                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, TileCounter, item_slots)),
-                (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
-                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
-                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, TileCounter, item_slots)),
-                (_persistent_consumer, (2, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
-                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
-                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, TileCounter, item_slots)),
+                (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                (_persistent_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -513,26 +520,14 @@ def _fwd_pingpong_kernel(
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
         else:
             gl.warp_specialize([
-                (_persistent_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
-                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
-                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, TileCounter, item_slots)),
-                (_persistent_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
-                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
-                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, TileCounter, item_slots)),
-                (_persistent_consumer, (2, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
-                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
-                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, TileCounter, item_slots)),
-                (_persistent_consumer, (3, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                        v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
-                                        heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale,
-                                        HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                        Q_BUFFERS, TileCounter, item_slots)),
+                (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                (_persistent_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                (_persistent_consumer, (3, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -561,47 +556,31 @@ def _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride
     q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty = _pipeline_buffers(
         q_desc, k_desc, v_desc, PART_M, HEAD_DIM, BLOCK_N, NUM_STAGES, CONSUMERS)
 
-    # (argument tuples written out: building one as (0,) + rest does not trace; so each count of
-    # consumers has a call of its own)
+    # What every consumer partition takes alike, as one tuple (see _fwd_pingpong_kernel's persistent
+    # branch); a partition's entry adds its part and the constexprs.
+    consumer_shared = (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
+                       head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale)
     if CONSUMERS == 2:
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
-                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 0, 0, 0)),
-            (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
-                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 1, 0, 0)),
+            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     elif CONSUMERS == 3:
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
-                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 0, 0, 0)),
-            (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
-                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 1, 0, 0)),
-            (_consumer, (2, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
-                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 2, 0, 0)),
+            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
-                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 0, 0, 0)),
-            (_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
-                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 1, 0, 0)),
-            (_consumer, (2, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
-                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 2, 0, 0)),
-            (_consumer, (3, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head,
-                         batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M,
-                         BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, 3, 0, 0)),
+            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (3, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
