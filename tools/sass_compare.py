@@ -68,7 +68,7 @@ def _instructions(path: str, masked: bool) -> list[str]:
     lines = []
     with open(path) as sass:
         for line in sass:
-            if not re.match(r"\s+/\*[0-9a-f]{4}\*/", line):
+            if not re.match(r"\s+/\*[0-9a-f]{4,}\*/", line):  # (addresses past 0xffff have 5 digits)
                 continue
             text = re.sub(r"/\*[0-9a-f]+\*/", "", line).split(";")[0].strip()
             if masked:
