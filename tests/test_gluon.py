@@ -972,6 +972,14 @@ def test_gpu_gluon_forward_on_three_consumers_or_two_or_four(gluon_calls, monkey
     assert consumers in chosen and set(chosen) <= {consumers}, f"the forward chose {chosen} consumer warpgroups"
 
 
+def _recorded_plans(monkeypatch) -> list:
+    """The dense forward plans hopper.forward launches from, appended as the test's calls make or find them."""
+    plans = []
+    make_plan = hopper._dense_forward_plan
+    monkeypatch.setattr(hopper, "_dense_forward_plan", lambda *args: plans.append(make_plan(*args)) or plans[-1])
+    return plans
+
+
 # FLASHTILE_GLUON_FWD_PERSISTENT=1: a program per SM, each taking several Q tiles. Every head dim's
 # kernel, with more Q tiles than the H200's 132 SMs in the larger cases (so programs take several,
 # across heads and batches, the ring's phases running on from one tile to the next: 333 keys make
@@ -1004,10 +1012,7 @@ def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtyp
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "1")
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, consumers)
     monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", schedule == "dynamic")
-    plans = []  # what hopper.forward launched: persistent programs, not a silent program per tile
-    make_plan = hopper._dense_forward_plan
-    monkeypatch.setattr(hopper, "_dense_forward_plan",
-                        lambda *args: plans.append(make_plan(*args)) or plans[-1])
+    plans = _recorded_plans(monkeypatch)  # persistent programs, not a silent program per tile
     sq, sk = seqlens
     index = GRID_PERSISTENT.index((dtype, headdim, seqlens, causal))
     heads_q, heads_kv = [(8, 1), (8, 2), (4, 4)][index % 3]
@@ -1047,9 +1052,7 @@ def test_gpu_gluon_causal_forward_with_the_overhang_in_front(gluon_calls, monkey
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, consumers)
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0" if programs == "per-tile" else "1")
     monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", programs == "dynamic")
-    plans = []  # what hopper.forward launched: the consumers asked for
-    make_plan = hopper._dense_forward_plan
-    monkeypatch.setattr(hopper, "_dense_forward_plan", lambda *args: plans.append(make_plan(*args)) or plans[-1])
+    plans = _recorded_plans(monkeypatch)  # the consumers asked for
     sq, sk = seqlens
     check_case(1 if sq * sk > 2048 * 1024 else 2, sq, sk, 4, 2, headdim, torch.bfloat16, causal=True,
                layout="bshd" if headdim == 128 else "bhsd")
