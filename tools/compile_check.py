@@ -126,6 +126,10 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
     # int32 pointer; otherwise a launch passes None for it (a constant to Triton).
     if "TileCounter" in inspect.signature(kernel.fn).parameters and not constexprs.pop("DYNAMIC", False):
         constexprs.update(TileCounter=None)
+    # The forward's timeline buffer (TRACE, not a parameter: probes/fwd_timeline.py's): an int64
+    # pointer; otherwise None, as at a launch.
+    if "Trace" in inspect.signature(kernel.fn).parameters and not constexprs.pop("TRACE", False):
+        constexprs.update(Trace=None)
     if constexprs.get("ROW_STATS") is False:  # a dQ kernel reading the preprocess's rows: Nones, as at a launch
         from flashtile.kernels import hopper
 
@@ -156,7 +160,7 @@ def compile_gluon_variant(kernel, constexprs: dict, num_warps: int):
              "LSE": "*fp32", "LSE2": "*fp32", "Delta": "*fp32", "DLSE": "*fp32", "Out": f"*{dtype}", "DO": f"*{dtype}",
              **{name: "*i32" for name in LIST_POINTERS},
              "DkPart": "*fp32", "DvPart": "*fp32", "qk_scale": "fp32", "softmax_scale": "fp32",
-             "TileCounter": "*i32"}
+             "TileCounter": "*i32", "Trace": "*i64"}
     signature = {p: "constexpr" if p in constexprs else typed.get(p, "i32") for p in params}
     # Pointers and the padded row stride (a multiple of 128) are 16-aligned at a launch.
     divisible = [p for p in ("LSE", "LSE2", "Delta", "DLSE", "Out", "DO", "stride_lrow", "DkPart", "DvPart",
@@ -260,6 +264,24 @@ def gluon_variants(quick: bool):
                            gluon_fwd._fwd_pingpong_kernel,
                            dict(constexprs, PERSISTENT=True, Q_BUFFERS=1, EARLY_KV=True,
                                 **({"DYNAMIC": True} if dynamic else {})), 4)
+        # Part of P's exponentials on the FMA units (EXP_POLY, attempt 71): auto's d64 forward, persistent.
+        if not quick and "EXP_POLY" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
+            for poly, causal in [(1, False), (1, True), (2, False)]:
+                buffers = hopper.forward_q_buffers(64, 192, 128, 2)
+                yield (f"gluon fwd3 d=64 {'causal' if causal else 'full'} bf16 s2 in turn persistent q{buffers} "
+                       f"poly{poly}", gluon_fwd._fwd_pingpong_kernel,
+                       dict(three, CAUSAL=causal, DTYPE="bf16", PERSISTENT=True, Q_BUFFERS=buffers, EXP_POLY=poly), 4)
+        # The consumers in turns at their exponentials (TURNS, attempt 72), persistent and a program per tile.
+        if not quick and "TURNS" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
+            for causal, persistent in [(False, True), (True, True), (True, False)]:
+                extra = dict(PERSISTENT=True, Q_BUFFERS=2) if persistent else {}
+                yield (f"gluon fwd3 d=64 {'causal' if causal else 'full'} bf16 s2 in turn"
+                       f"{' persistent q2' if persistent else ''} exp turns", gluon_fwd._fwd_pingpong_kernel,
+                       dict(three, CAUSAL=causal, DTYPE="bf16", TURNS=True, **extra), 4)
+        # The consumers' timeline (Trace; probes/fwd_timeline.py)
+        if not quick and "Trace" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
+            yield ("gluon fwd3 d=64 full bf16 s2 in turn persistent traced", gluon_fwd._fwd_pingpong_kernel,
+                   dict(three, CAUSAL=False, DTYPE="bf16", PERSISTENT=True, Q_BUFFERS=2, TRACE=True), 4)
     yield from listed_variants(gluon_fwd, quick, regs)
     for d, causal, dtype in [(128, True, "bf16")] if quick else [(128, False, "bf16"), (128, True, "fp16"),
                                                                     (64, True, "bf16")]:

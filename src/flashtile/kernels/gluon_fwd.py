@@ -40,12 +40,35 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
+from .exp2_split import exp2_split
 from .gluon_common import (accumulator_layout, hide_scores, kv_ring_barriers, kv_ring_buffers,
                            listed_q_tile_of_program, q_tile_of_program, stream_kv_tiles, tma_load, tma_store)
 
 
 LN2 = gl.constexpr(0.6931471805599453)
 
+# The consumers' timeline (a probe's, probes/fwd_timeline.py; off unless a Trace buffer is passed):
+# for each of the first TRACE_PROGRAMS persistent programs' first TRACE_ITEMS work items and each
+# consumer, TRACE_EVENTS clock64 stamps: 0 before the wait for Q, 1 after it, then for K/V tile j
+# in slot t = min(j, TRACE_TILES - 1) (the last slot holds the item's last tile): 2 + 4t K ready,
+# 3 + 4t S done, 4 + 4t P ready, 5 + 4t P V done; TRACE_EVENTS - 2 the epilogue's start,
+# TRACE_EVENTS - 1 its end (after the store's wait).
+TRACE_PROGRAMS = gl.constexpr(4)
+TRACE_ITEMS = gl.constexpr(8)
+TRACE_TILES = gl.constexpr(8)
+TRACE_EVENTS = gl.constexpr(36)
+
+
+
+@gluon.jit
+def _stamp(Trace, event, keep):
+    """The SM's clock64 into Trace[event] (int64) where ``keep``; nothing without a Trace."""
+    if Trace is not None:
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        zero = gl.full([1], 0, gl.int32, layout=layout)
+        now = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [zero], dtype=gl.int64, is_pure=False,
+                                        pack=1)
+        gl.store(Trace + event + zero, now, mask=keep & (zero == 0))
 
 
 @gluon.jit
@@ -63,23 +86,57 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_
 
 
 @gluon.jit
-def _softmax_update(s, m_i, l_i, qk_scale):
+def _softmax_update(s, m_i, l_i, qk_scale, EXP_POLY: gl.constexpr = 0):
     """One online-softmax step on the raw scores s (rows × keys, float32, before the softmax
-    scale, hidden ones at -inf; qk_scale = softmax_scale · log2(e)).
+    scale, hidden ones at -inf; qk_scale = softmax_scale · log2(e)). EXP_POLY of every 4 of P's
+    exponentials by a polynomial on the FMA units, the rest on the SFU (exp2_split.py).
 
     Returns P (unnormalised, float32), the factor alpha that rescales the running output,
     and the new running max (log2 units) and sum.
     """
+    m_new, m_safe = _new_max(s, m_i, qk_scale)
+    p, alpha = _exponentials(s, m_i, m_safe, qk_scale, EXP_POLY)
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _new_max(s, m_i, qk_scale):
+    """_softmax_update's first half: the new running max (log2 units) and the one the exponentials
+    subtract (0 where the max is still -inf)."""
     # The scale is applied to the row maxima (exactly max(s · qk_scale): qk_scale > 0) and
     # folded into the exponent's argument, s · qk_scale − m, which is one FFMA per score
     # instead of a multiply and a subtraction, as FlashAttention-3 does.
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     # A row that has seen no key yet keeps m = -inf; exp2(-inf - 0) = 0 instead of NaN.
     m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)
-    p = gl.exp2(s * qk_scale - m_safe[:, None])
+    return m_new, m_safe
+
+
+@gluon.jit
+def _exponentials(s, m_i, m_safe, qk_scale, EXP_POLY: gl.constexpr):
+    """_softmax_update's second half: P and the rescaling factor alpha."""
+    # (arguments <= 0, or -inf where hidden: inside exp2_split's domain)
+    p = exp2_split(s * qk_scale - m_safe[:, None], EXP_POLY)
     alpha = gl.exp2(m_i - m_safe)
-    l_new = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, m_new, l_new
+    return p, alpha
+
+
+@gluon.jit
+def _wait_turn(turns, part: gl.constexpr, k):
+    """Wait until it is consumer ``part``'s turn at the exponentials of its ``k``-th K/V tile (counted
+    over the program's items): after consumer part - 1's k-th, or for consumer 0 after the last
+    consumer's (k - 1)-th, so it waits a phase behind, its first passing at once on the fresh barrier."""
+    if part == 0:
+        mbarrier.wait(turns.index(0), (k & 1) ^ 1)
+    else:
+        mbarrier.wait(turns.index(part), k & 1)
+
+
+@gluon.jit
+def _pass_turn(turns, part: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Hand the exponentials' turn to the next consumer."""
+    mbarrier.arrive(turns.index((part + 1) % CONSUMERS), count=1)
 
 
 @gluon.jit
@@ -95,7 +152,7 @@ def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
                       diagonal, n_tiles, first, qk_scale, tiles, n_masked, batch, head, mask_buffer, m_i, l_i, acc,
                       s_zero, s_layout: gl.constexpr, o_rows: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr,
                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                      MASK_MOD: gl.constexpr):
+                      MASK_MOD: gl.constexpr, EXP_POLY: gl.constexpr = 0):
     """A consumer's K/V tiles in FlashAttention-3's order (_consumer's OVERLAP), tile j in ring
     slot (first + j) % NUM_STAGES: returns O (unnormalised), the running max and sum."""
     # Tile 0: S and its softmax (n_tiles >= 1 always: see the kernel).
@@ -106,7 +163,7 @@ def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
     mbarrier.arrive(k_empty.index(first % NUM_STAGES), count=1)
     s = hide_scores(s, rows, 0, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles, n_masked,
                      batch, head, mask_buffer, MASK_MOD)
-    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
+    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, EXP_POLY)
     for j in range(1, n_tiles):
         slot = (first + j) % NUM_STAGES
         previous = (first + j - 1) % NUM_STAGES
@@ -122,7 +179,7 @@ def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
         mbarrier.arrive(k_empty.index(slot), count=1)
         s = hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles, n_masked,
                          batch, head, mask_buffer, MASK_MOD)
-        p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
+        p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, EXP_POLY)
         acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
         mbarrier.arrive(v_empty.index(previous), count=1)
     last = (first + n_tiles - 1) % NUM_STAGES
@@ -158,14 +215,20 @@ def _live_tiles(first_row, n_tiles, seqlen_q, seqlen_k, PART_M: gl.constexpr, BL
 def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc,
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, mask_buffer,
               HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr, OVERLAP: gl.constexpr, q_index, q_phase, first):
+              CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr, OVERLAP: gl.constexpr, q_index, q_phase, first,
+              EXP_POLY: gl.constexpr = 0, Trace=None, traced=False, turns=None, TURNS: gl.constexpr = False,
+              CONSUMERS: gl.constexpr = 2):
     """One warpgroup: rows [q_start + part·PART_M, +PART_M) of the Q tile, every K/V tile (or
     under MASK_MOD the block mask's list: see hide_scores). OVERLAP: S of tile j+1 issued before
     O += P_j V_j (FlashAttention-3's order; S, P and O live at once); without it each tile's two
     products run one after the other, S dead before O's product (fewer live registers), and S
     takes Q from registers, loaded once.
     A persistent program's work item: its rows in Q buffer ``q_index``, landed on q_ready's phase
-    ``q_phase``, its tiles after the ``first`` that went round the K/V ring before them."""
+    ``q_phase``, its tiles after the ``first`` that went round the K/V ring before them. EXP_POLY:
+    how many of every 4 of P's exponentials a polynomial computes (_softmax_update). ``Trace``: this
+    item's and part's TRACE_EVENTS stamps, kept where ``traced`` (in turn only; see TRACE_EVENTS).
+    TURNS (in turn only): the consumers take turns at their exponentials, in the order of their parts,
+    through ``turns`` (an mbarrier per consumer; _wait_turn)."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
     o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -183,13 +246,15 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     acc = gl.zeros([PART_M, HEAD_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([PART_M, BLOCK_N], gl.float32, layout=s_layout)
 
+    _stamp(Trace, 0, traced)
     mbarrier.wait(q_ready, q_phase)
+    _stamp(Trace, 1, traced)
     if OVERLAP:
         acc, m_i, l_i = _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, rows, seqlen_q,
                                           seqlen_k, shift, diagonal, n_tiles, first, qk_scale, tiles, n_masked, batch,
                                           head,
                                           mask_buffer, m_i, l_i, acc, s_zero, s_layout, o_rows, p_layout, dtype,
-                                          BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASK_MOD)
+                                          BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASK_MOD, EXP_POLY)
     else:
         # Tiles past n_live hold no key any of this warpgroup's rows sees (_live_tiles): they are
         # only waited for and released, so that the ring's phases stay in step with the others'.
@@ -204,6 +269,7 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
             slot = (first + j) % NUM_STAGES
             phase = ((first + j) // NUM_STAGES) & 1
             mbarrier.wait(k_ready.index(slot), phase)
+            _stamp(Trace, 2 + 4 * gl.minimum(j, TRACE_TILES - 1), traced)
             s = warpgroup_mma(q_regs, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
             if BLOCK_N == HEAD_DIM:
@@ -217,26 +283,48 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
                 s, q_regs = warpgroup_mma_wait(0, deps=(s, q_regs))
             else:
                 s = warpgroup_mma_wait(0, deps=(s, ))
+            _stamp(Trace, 3 + 4 * gl.minimum(j, TRACE_TILES - 1), traced)
             mbarrier.arrive(k_empty.index(slot), count=1)
             s = hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles,
                              n_masked, batch, head, mask_buffer, MASK_MOD)
-            p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
+            if TURNS:
+                # The SFU does 16 exponentials a clock per SM, as busy as the tensor cores at d64: run
+                # together, the consumers' exponentials share it and each one's take three times as
+                # long; in turns, each runs at the SFU's rate while the others' products run.
+                # The turn passes once P V is issued: that product reads all of P, so every
+                # exponential has run by then (ptxas moves the arrive above the ones whose
+                # results nothing before it reads).
+                m_new, m_safe = _new_max(s, m_i, qk_scale)
+                _wait_turn(turns, part, first + j)
+                p, alpha = _exponentials(s, m_i, m_safe, qk_scale, EXP_POLY)
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                m_i = m_new
+            else:
+                p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, EXP_POLY)
             acc, p_low = _rescaled_with_operand(acc, alpha, p, o_rows, p_layout, dtype)
+            _stamp(Trace, 4 + 4 * gl.minimum(j, TRACE_TILES - 1), traced)
             mbarrier.wait(v_ready.index(slot), phase)
             acc = warpgroup_mma(p_low, v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            if TURNS:
+                _pass_turn(turns, part, CONSUMERS)
             acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
+            _stamp(Trace, 5 + 4 * gl.minimum(j, TRACE_TILES - 1), traced)
             mbarrier.arrive(v_empty.index(slot), count=1)
         for j in range(n_live, n_tiles):
             slot = (first + j) % NUM_STAGES
             phase = ((first + j) // NUM_STAGES) & 1
             mbarrier.wait(k_ready.index(slot), phase)
             mbarrier.arrive(k_empty.index(slot), count=1)
+            if TURNS:  # (the turn passes on: the others' order holds)
+                _wait_turn(turns, part, first + j)
+                _pass_turn(turns, part, CONSUMERS)
             mbarrier.wait(v_ready.index(slot), phase)
             mbarrier.arrive(v_empty.index(slot), count=1)
 
     # Epilogue: rows that saw no key (l = 0) give O = 0 and LSE = -inf, as fwd.py does. A part
     # whose rows all lie outside the sequence (past its end, or before its start under LEAD_PART:
     # row indices below 0 would address the head before) stores nothing.
+    _stamp(Trace, TRACE_EVENTS - 2, traced)
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
     lse = gl.where(empty, -float("inf"), (m_i + gl.log2(l_safe)) * LN2)
@@ -251,18 +339,20 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
         fence_async_shared()
         tma_store(o_desc, [batch, head, first_row, 0], q_smem.index(q_index))
         tma.store_wait(0)
+    _stamp(Trace, TRACE_EVENTS - 1, traced)
 
 
 @gluon.jit
 def _tile_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+                   NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                   EXP_POLY: gl.constexpr, TURNS: gl.constexpr, CONSUMERS: gl.constexpr):
     """_consumer of a program per Q tile (dense, no block mask), ``shared`` what every consumer
     partition takes alike as one tuple (see _one_tile_per_program)."""
     q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch, head, q_start, \
-        seqlen_q, seqlen_k, n_tiles, qk_scale = shared
+        seqlen_q, seqlen_k, n_tiles, qk_scale, turns = shared
     _consumer(part, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
               head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M, BLOCK_N,
-              NUM_STAGES, CAUSAL, None, OVERLAP, part, 0, 0)
+              NUM_STAGES, CAUSAL, None, OVERLAP, part, 0, 0, EXP_POLY, None, False, turns, TURNS, CONSUMERS)
 
 
 @gluon.jit
@@ -362,7 +452,8 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
                   v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks, heads_per_group, num_heads_q,
                   group_size, seqlen_q, seqlen_k, qk_scale, ring, local, HEAD_DIM: gl.constexpr,
                   PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr):
+                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr,
+                  EXP_POLY: gl.constexpr, Trace, turns, TURNS: gl.constexpr):
     """_persistent_consumer's work on item ``item``, its ``local``-th, as _consumer runs a
     program's rows; the item's Q buffer released once its output, staged there, has been stored.
     Returns how many K/V tiles the item had."""
@@ -372,10 +463,14 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
     n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
     LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
     buffer = local % Q_BUFFERS
+    traced = (gl.program_id(0) < TRACE_PROGRAMS) & (local < TRACE_ITEMS)
+    item_trace = None
+    if Trace is not None:
+        item_trace = Trace + ((gl.program_id(0) * TRACE_ITEMS + local) * CONSUMERS + part) * TRACE_EVENTS
     _consumer(part, q_smem, k_smem, v_smem, q_ready.index(buffer), k_ready, v_ready, k_empty, v_empty, o_desc,
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM,
               PART_M, BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, buffer * CONSUMERS + part,
-              (local // Q_BUFFERS) & 1, ring)
+              (local // Q_BUFFERS) & 1, ring, EXP_POLY, item_trace, traced, turns, TURNS, CONSUMERS)
     mbarrier.arrive(q_empty.index(buffer), count=1)  # _consumer waited for its output's store
     return n_tiles
 
@@ -384,14 +479,15 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
 def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PART_M: gl.constexpr,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr,
-                         Q_BUFFERS: gl.constexpr, TileCounter, item_slots):
+                         Q_BUFFERS: gl.constexpr, TileCounter, item_slots, EXP_POLY: gl.constexpr, Trace,
+                         TURNS: gl.constexpr):
     """_consumer for a persistent program: the same work items as _persistent_loader's (under the
     dynamic scheduler, read from ``item_slots`` once the item's Q buffer is ready). ``shared``: what
     every consumer partition takes alike (the kernel's ``consumer_shared``), as one tuple, so that
     each partition's entry in warp_specialize names only its part."""
     q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, stride_lb, \
         stride_lh, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, \
-        qk_scale = shared
+        qk_scale, turns = shared
     ring = 0
     local = 0
     if TileCounter is not None:
@@ -402,7 +498,7 @@ def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PAR
                                   v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                   heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
                                   HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                  Q_BUFFERS)
+                                  Q_BUFFERS, EXP_POLY, Trace, turns, TURNS)
             local += 1
             buffer = local % Q_BUFFERS
             mbarrier.wait(q_ready.index(buffer), (local // Q_BUFFERS) & 1)
@@ -413,7 +509,7 @@ def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PAR
                                   v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                   heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
                                   HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                  Q_BUFFERS)
+                                  Q_BUFFERS, EXP_POLY, Trace, turns, TURNS)
             local += 1
 
 
@@ -427,6 +523,18 @@ def _persistent_barriers(Q_BUFFERS: gl.constexpr, CONSUMERS: gl.constexpr):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=CONSUMERS)
     return q_ready, q_empty
+
+
+@gluon.jit
+def _turn_barriers(CONSUMERS: gl.constexpr, TURNS: gl.constexpr):
+    """The consumers' turns at the exponentials (_wait_turn): an mbarrier per consumer, each
+    completed by the consumer before it. Initialised under TURNS only; unused otherwise, and then
+    left out of the build (a None made in the kernel would not pass to the partitions)."""
+    turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    if TURNS:
+        for i in gl.static_range(CONSUMERS):
+            mbarrier.init(turns.index(i), count=1)
+    return turns
 
 
 @gluon.jit
@@ -448,7 +556,8 @@ def _fwd_pingpong_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 2, OVERLAP: gl.constexpr = True, PERSISTENT: gl.constexpr = False,
-    Q_BUFFERS: gl.constexpr = 1, EARLY_KV: gl.constexpr = False,
+    Q_BUFFERS: gl.constexpr = 1, EARLY_KV: gl.constexpr = False, EXP_POLY: gl.constexpr = 0,
+    TURNS: gl.constexpr = False, Trace=None,
 ):
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
@@ -471,6 +580,15 @@ def _fwd_pingpong_kernel(
     next item's Q and first K/V tiles load while this one's last tiles and output run; with one
     buffer the loader waits for this item's output before the next item's Q, and with EARLY_KV
     copies that item's first K/V tiles before the wait (_persistent_loader).
+
+    EXP_POLY (0, 1 or 2): of every 4 of P's exponentials, how many a polynomial computes on the
+    FMA units instead of MUFU.EX2 on the SFU (exp2_split.py; hopper.FORWARD_EXP_POLY).
+
+    TURNS (products in turn only): the consumers take turns at each tile's exponentials
+    (_consumer; hopper.FORWARD_TURNS).
+
+    Trace (persistent programs in turn; a probe's): int64 (TRACE_PROGRAMS, TRACE_ITEMS, CONSUMERS,
+    TRACE_EVENTS), zeroed, where the consumers stamp their timeline (TRACE_EVENTS); None: nothing.
     """
     gl.static_assert(num_warps == 4)
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3 or CONSUMERS == 4)
@@ -486,6 +604,7 @@ def _fwd_pingpong_kernel(
         # The dynamic scheduler's item of each Q buffer (unused, and left out of the build, without
         # TileCounter: a None made here would not pass to the partitions as a constant).
         item_slots = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        turns = _turn_barriers(CONSUMERS, TURNS)
         fence_async_shared()  # the inits visible to the TMA unit before its first copy
         # What every consumer partition takes alike, as one tuple, so that each partition's entry names
         # its part and the constexprs only. (warp_specialize passes tensors and scalars inside a tuple
@@ -493,13 +612,15 @@ def _fwd_pingpong_kernel(
         # written as a (function, arguments) pair in the list: one kept in a variable does not build.)
         consumer_shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, o_desc, LSE,
                            stride_lb, stride_lh, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size,
-                           seqlen_q, seqlen_k, qk_scale)
+                           seqlen_q, seqlen_k, qk_scale, turns)
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
+                                        Trace, TURNS)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
+                                        Trace, TURNS)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -508,11 +629,14 @@ def _fwd_pingpong_kernel(
         elif CONSUMERS == 3:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
+                                        Trace, TURNS)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
+                                        Trace, TURNS)),
                 (_persistent_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
+                                        Trace, TURNS)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -521,13 +645,17 @@ def _fwd_pingpong_kernel(
         else:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
+                                        Trace, TURNS)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
+                                        Trace, TURNS)),
                 (_persistent_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
+                                        Trace, TURNS)),
                 (_persistent_consumer, (3, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
+                                        Trace, TURNS)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -536,7 +664,8 @@ def _fwd_pingpong_kernel(
     else:
         _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, num_heads_q, group_size,
                               seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale, HEAD_DIM, PART_M, BLOCK_M,
-                              BLOCK_N, NUM_STAGES, CAUSAL, LOADER_REGS, CONSUMER_REGS, CONSUMERS, OVERLAP)
+                              BLOCK_N, NUM_STAGES, CAUSAL, LOADER_REGS, CONSUMER_REGS, CONSUMERS, OVERLAP, EXP_POLY,
+                              TURNS)
 
 
 @gluon.jit
@@ -544,7 +673,8 @@ def _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride
                           seqlen_k, num_m_blocks, heads_per_group, qk_scale, HEAD_DIM: gl.constexpr,
                           PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr,
-                          CONSUMER_REGS: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr):
+                          CONSUMER_REGS: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr,
+                          EXP_POLY: gl.constexpr, TURNS: gl.constexpr):
     """_fwd_pingpong_kernel's body when each program runs one Q tile (not PERSISTENT)."""
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, heads_per_group,
                                                               num_heads_q, group_size, seqlen_q, seqlen_k,
@@ -553,34 +683,44 @@ def _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride
     # LSE = -inf; the host never launches with seqlen_k = 0.
     n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
     LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
+    turns = _turn_barriers(CONSUMERS, TURNS)  # (initialised before _pipeline_buffers' fence)
     q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty = _pipeline_buffers(
         q_desc, k_desc, v_desc, PART_M, HEAD_DIM, BLOCK_N, NUM_STAGES, CONSUMERS)
 
     # What every consumer partition takes alike, as one tuple (see _fwd_pingpong_kernel's persistent
     # branch); a partition's entry adds its part and the constexprs.
     consumer_shared = (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
-                       head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale)
+                       head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, turns)
     if CONSUMERS == 2:
         gl.warp_specialize([
-            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
-            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
+                             EXP_POLY, TURNS, CONSUMERS)),
+            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
+                             EXP_POLY, TURNS, CONSUMERS)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     elif CONSUMERS == 3:
         gl.warp_specialize([
-            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
-            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
-            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
+                             EXP_POLY, TURNS, CONSUMERS)),
+            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
+                             EXP_POLY, TURNS, CONSUMERS)),
+            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
+                             EXP_POLY, TURNS, CONSUMERS)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
-            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
-            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
-            (_tile_consumer, (3, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
+                             EXP_POLY, TURNS, CONSUMERS)),
+            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
+                             EXP_POLY, TURNS, CONSUMERS)),
+            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
+                             EXP_POLY, TURNS, CONSUMERS)),
+            (_tile_consumer, (3, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
+                             EXP_POLY, TURNS, CONSUMERS)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
