@@ -264,20 +264,14 @@ def gluon_variants(quick: bool):
                            gluon_fwd._fwd_pingpong_kernel,
                            dict(constexprs, PERSISTENT=True, Q_BUFFERS=1, EARLY_KV=True,
                                 **({"DYNAMIC": True} if dynamic else {})), 4)
-        # Part of P's exponentials on the FMA units (EXP_POLY, attempt 71): auto's d64 forward, persistent.
-        if not quick and "EXP_POLY" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
-            for poly, causal in [(1, False), (1, True), (2, False)]:
-                buffers = hopper.forward_q_buffers(64, 192, 128, 2)
-                yield (f"gluon fwd3 d=64 {'causal' if causal else 'full'} bf16 s2 in turn persistent q{buffers} "
-                       f"poly{poly}", gluon_fwd._fwd_pingpong_kernel,
-                       dict(three, CAUSAL=causal, DTYPE="bf16", PERSISTENT=True, Q_BUFFERS=buffers, EXP_POLY=poly), 4)
-        # The consumers in turns at their exponentials (TURNS, attempt 72), persistent and a program per tile.
-        if not quick and "TURNS" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
-            for causal, persistent in [(False, True), (True, True), (True, False)]:
-                extra = dict(PERSISTENT=True, Q_BUFFERS=2) if persistent else {}
-                yield (f"gluon fwd3 d=64 {'causal' if causal else 'full'} bf16 s2 in turn"
-                       f"{' persistent q2' if persistent else ''} exp turns", gluon_fwd._fwd_pingpong_kernel,
-                       dict(three, CAUSAL=causal, DTYPE="bf16", TURNS=True, **extra), 4)
+        # An item's output store waited for once the next item's first S is in flight (LATE_STORE_WAIT,
+        # attempt 73), in fixed turns and on the dynamic scheduler.
+        if not quick and "LATE_STORE_WAIT" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
+            for causal, dynamic in [(False, False), (True, True)]:
+                yield (f"gluon fwd3 d=64 {'causal' if causal else 'full'} bf16 s2 in turn persistent q2 late store"
+                       f"{' dynamic' if dynamic else ''}", gluon_fwd._fwd_pingpong_kernel,
+                       dict(three, CAUSAL=causal, DTYPE="bf16", PERSISTENT=True, Q_BUFFERS=2, LATE_STORE_WAIT=True,
+                            **({"DYNAMIC": True} if dynamic else {})), 4)
         # The consumers' timeline (Trace; probes/fwd_timeline.py)
         if not quick and "Trace" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
             yield ("gluon fwd3 d=64 full bf16 s2 in turn persistent traced", gluon_fwd._fwd_pingpong_kernel,

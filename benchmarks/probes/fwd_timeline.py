@@ -15,6 +15,7 @@ first TRACE_ITEMS items of the first TRACE_PROGRAMS programs. Printed, in clocks
 - an item's transition: its last P V done to the next item's first (against a tile's period),
   split into the epilogue (its start to its end: O scaled, stored, the store waited for), the
   wait for the next Q, and the next item's first K wait and S;
+- the transition step by step, between the stamps (the epilogue's three, the next item's first);
 - the consumers' stagger: how far apart the three consumers finish the same tile;
 - the kernel's time with and without the stamps (CUDA graphs), to show what they cost.
 """
@@ -39,9 +40,8 @@ def launch(q, k, v, out, causal: bool, trace=None):
     gluon_fwd = hopper._gluon()[0]
     head_dim = q.shape[-1]
     scale = head_dim ** -0.5
-    consumers = hopper.forward_consumers(head_dim)
-    plan = hopper._dense_forward_plan(q, k, v, out, scale, causal, head_dim, consumers, hopper.sm_count(q.device),
-                                      hopper.forward_exp_poly(head_dim), hopper.forward_exp_turns(consumers))
+    plan = hopper._dense_forward_plan(q, k, v, out, scale, causal, head_dim, hopper.forward_consumers(head_dim),
+                                      hopper.sm_count(q.device))
     descriptors = [hopper._bound(template, t) for template, t in zip(plan.templates, (q, k, v, out))]
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if plan.dynamic else None
@@ -71,18 +71,20 @@ def summarise(stamps: torch.Tensor, n_tiles: int, tiles_traced: int) -> None:
                 if at(p, i, c, 1) == 0:  # an item this program did not reach
                     continue
                 for j in range(tiles):
+                    if not all(at(p, i, c, e + 4 * j) for e in (2, 3, 4, 5)):  # (a tile the part skipped)
+                        continue
                     s_product.append(at(p, i, c, 3 + 4 * j) - at(p, i, c, 2 + 4 * j))
                     softmax.append(at(p, i, c, 4 + 4 * j) - at(p, i, c, 3 + 4 * j))
                     pv_product.append(pv_done(p, i, c, j) - at(p, i, c, 4 + 4 * j))
-                    if j and (j < last or n_tiles == tiles):  # (slot `last` follows slot last - 1 directly)
+                    if j and pv_done(p, i, c, j - 1) and (j < last or n_tiles == tiles):  # (slot `last`: the last tile)
                         period.append(pv_done(p, i, c, j) - pv_done(p, i, c, j - 1))
-                epilogue.append(at(p, i, c, events - 1) - at(p, i, c, events - 2))
-                if i + 1 < items and at(p, i + 1, c, 1):
+                epilogue.append(at(p, i, c, events - 1) - at(p, i, c, events - 4))
+                if i + 1 < items and at(p, i + 1, c, 1) and pv_done(p, i, c, last) and pv_done(p, i + 1, c, 0):
                     transition.append(pv_done(p, i + 1, c, 0) - pv_done(p, i, c, last))
                     q_wait.append(at(p, i + 1, c, 1) - at(p, i + 1, c, 0))
                     first_s.append(at(p, i + 1, c, 3) - at(p, i + 1, c, 1))
             for j in range(tiles):
-                done = [pv_done(p, i, c, j) for c in range(consumers) if at(p, i, c, 1)]
+                done = [pv_done(p, i, c, j) for c in range(consumers) if at(p, i, c, 1) and pv_done(p, i, c, j)]
                 if len(done) == consumers:
                     stagger.append(max(done) - min(done))
 
@@ -100,6 +102,23 @@ def summarise(stamps: torch.Tensor, n_tiles: int, tiles_traced: int) -> None:
     line("item transition (last P V to next first)", transition)
     line("  of it: the wait for the next Q", q_wait)
     line("  of it: Q ready to the first S done", first_s)
+    # The transition step by step: the item's last P V done, its epilogue's stamps, the next item's
+    # start (before and after its Q wait), its first K ready and S done.
+    steps = ["last P V done", "epilogue start", "O staged", "store issued", "epilogue end", "next: before Q wait",
+             "next: Q ready", "next: K ready", "next: S done"]
+    gaps = {name: [] for name in steps[1:]}
+    for p in range(programs):
+        for i in range(items - 1):
+            for c in range(consumers):
+                if not (at(p, i, c, 1) and at(p, i + 1, c, 1)):
+                    continue
+                times = [pv_done(p, i, c, last), *(at(p, i, c, events - k) for k in (4, 3, 2, 1)),
+                         at(p, i + 1, c, 0), at(p, i + 1, c, 1), at(p, i + 1, c, 2), at(p, i + 1, c, 3)]
+                if all(times):  # (a part wholly outside the sequence stores nothing: no stamps 2 and 3)
+                    for name, before, after in zip(steps[1:], times, times[1:]):
+                        gaps[name].append(after - before)
+    for name in steps[1:]:
+        line(f"    to {name}", gaps[name])
     if transition and period:
         extra = statistics.median(transition) - statistics.median(period)
         print(f"  an item costs {extra:.0f} clocks past its tiles' periods: {extra / statistics.median(period):.2f} "
@@ -110,6 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--save", metavar="DIR", help="also save each length's stamps there (torch.save)")
     args = parser.parse_args()
     gluon_fwd = hopper._gluon()[0]
     head_dim = 64
@@ -132,11 +152,14 @@ def main() -> None:
         assert torch.equal(out, expected), "the traced launch's output differs from hopper.forward's"
         block_n = plan.constexprs["BLOCK_N"]
         flops = 4 * batch * heads * n * n * head_dim / (2 if args.causal else 1)
-        turns = " in turns at the exponentials" if plan.constexprs.get("TURNS") else ""
-        print(f"\nd{head_dim} {'causal' if args.causal else 'non-causal'} N={n}: {plan.grid[0]} programs{turns}, "
+        print(f"\nd{head_dim} {'causal' if args.causal else 'non-causal'} N={n}: {plan.grid[0]} programs, "
               f"{consumers} consumers, {block_n}-key tiles ({n // block_n} an item), kernel "
               f"{flops / plain * 1e-9:.0f} TFLOP/s plain, {flops / traced * 1e-9:.0f} traced (CUDA graphs)")
         summarise(trace.cpu(), -(-n // block_n), int(gluon_fwd.TRACE_TILES))
+        if args.save:
+            os.makedirs(args.save, exist_ok=True)
+            name = f"stamps-d{head_dim}-{n}{'-causal' if args.causal else ''}.pt"
+            torch.save(trace.cpu(), os.path.join(args.save, name))
 
 
 if __name__ == "__main__":

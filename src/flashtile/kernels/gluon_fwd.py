@@ -40,7 +40,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .exp2_split import exp2_split
 from .gluon_common import (accumulator_layout, hide_scores, kv_ring_barriers, kv_ring_buffers,
                            listed_q_tile_of_program, q_tile_of_program, stream_kv_tiles, tma_load, tma_store)
 
@@ -51,12 +50,13 @@ LN2 = gl.constexpr(0.6931471805599453)
 # for each of the first TRACE_PROGRAMS persistent programs' first TRACE_ITEMS work items and each
 # consumer, TRACE_EVENTS clock64 stamps: 0 before the wait for Q, 1 after it, then for K/V tile j
 # in slot t = min(j, TRACE_TILES - 1) (the last slot holds the item's last tile): 2 + 4t K ready,
-# 3 + 4t S done, 4 + 4t P ready, 5 + 4t P V done; TRACE_EVENTS - 2 the epilogue's start,
-# TRACE_EVENTS - 1 its end (after the store's wait).
+# 3 + 4t S done, 4 + 4t P ready, 5 + 4t P V done; then the epilogue's: TRACE_EVENTS - 4 its start,
+# TRACE_EVENTS - 3 O staged in shared memory (fenced), TRACE_EVENTS - 2 its store issued,
+# TRACE_EVENTS - 1 its end (the store's wait done).
 TRACE_PROGRAMS = gl.constexpr(4)
 TRACE_ITEMS = gl.constexpr(8)
 TRACE_TILES = gl.constexpr(8)
-TRACE_EVENTS = gl.constexpr(36)
+TRACE_EVENTS = gl.constexpr(38)
 
 
 
@@ -86,57 +86,23 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_
 
 
 @gluon.jit
-def _softmax_update(s, m_i, l_i, qk_scale, EXP_POLY: gl.constexpr = 0):
+def _softmax_update(s, m_i, l_i, qk_scale):
     """One online-softmax step on the raw scores s (rows × keys, float32, before the softmax
-    scale, hidden ones at -inf; qk_scale = softmax_scale · log2(e)). EXP_POLY of every 4 of P's
-    exponentials by a polynomial on the FMA units, the rest on the SFU (exp2_split.py).
+    scale, hidden ones at -inf; qk_scale = softmax_scale · log2(e)).
 
     Returns P (unnormalised, float32), the factor alpha that rescales the running output,
     and the new running max (log2 units) and sum.
     """
-    m_new, m_safe = _new_max(s, m_i, qk_scale)
-    p, alpha = _exponentials(s, m_i, m_safe, qk_scale, EXP_POLY)
-    l_new = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, m_new, l_new
-
-
-@gluon.jit
-def _new_max(s, m_i, qk_scale):
-    """_softmax_update's first half: the new running max (log2 units) and the one the exponentials
-    subtract (0 where the max is still -inf)."""
     # The scale is applied to the row maxima (exactly max(s · qk_scale): qk_scale > 0) and
     # folded into the exponent's argument, s · qk_scale − m, which is one FFMA per score
     # instead of a multiply and a subtraction, as FlashAttention-3 does.
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     # A row that has seen no key yet keeps m = -inf; exp2(-inf - 0) = 0 instead of NaN.
     m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)
-    return m_new, m_safe
-
-
-@gluon.jit
-def _exponentials(s, m_i, m_safe, qk_scale, EXP_POLY: gl.constexpr):
-    """_softmax_update's second half: P and the rescaling factor alpha."""
-    # (arguments <= 0, or -inf where hidden: inside exp2_split's domain)
-    p = exp2_split(s * qk_scale - m_safe[:, None], EXP_POLY)
+    p = gl.exp2(s * qk_scale - m_safe[:, None])
     alpha = gl.exp2(m_i - m_safe)
-    return p, alpha
-
-
-@gluon.jit
-def _wait_turn(turns, part: gl.constexpr, k):
-    """Wait until it is consumer ``part``'s turn at the exponentials of its ``k``-th K/V tile (counted
-    over the program's items): after consumer part - 1's k-th, or for consumer 0 after the last
-    consumer's (k - 1)-th, so it waits a phase behind, its first passing at once on the fresh barrier."""
-    if part == 0:
-        mbarrier.wait(turns.index(0), (k & 1) ^ 1)
-    else:
-        mbarrier.wait(turns.index(part), k & 1)
-
-
-@gluon.jit
-def _pass_turn(turns, part: gl.constexpr, CONSUMERS: gl.constexpr):
-    """Hand the exponentials' turn to the next consumer."""
-    mbarrier.arrive(turns.index((part + 1) % CONSUMERS), count=1)
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_new
 
 
 @gluon.jit
@@ -152,7 +118,7 @@ def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
                       diagonal, n_tiles, first, qk_scale, tiles, n_masked, batch, head, mask_buffer, m_i, l_i, acc,
                       s_zero, s_layout: gl.constexpr, o_rows: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr,
                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                      MASK_MOD: gl.constexpr, EXP_POLY: gl.constexpr = 0):
+                      MASK_MOD: gl.constexpr):
     """A consumer's K/V tiles in FlashAttention-3's order (_consumer's OVERLAP), tile j in ring
     slot (first + j) % NUM_STAGES: returns O (unnormalised), the running max and sum."""
     # Tile 0: S and its softmax (n_tiles >= 1 always: see the kernel).
@@ -163,7 +129,7 @@ def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
     mbarrier.arrive(k_empty.index(first % NUM_STAGES), count=1)
     s = hide_scores(s, rows, 0, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles, n_masked,
                      batch, head, mask_buffer, MASK_MOD)
-    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, EXP_POLY)
+    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
     for j in range(1, n_tiles):
         slot = (first + j) % NUM_STAGES
         previous = (first + j - 1) % NUM_STAGES
@@ -179,7 +145,7 @@ def _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
         mbarrier.arrive(k_empty.index(slot), count=1)
         s = hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles, n_masked,
                          batch, head, mask_buffer, MASK_MOD)
-        p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, EXP_POLY)
+        p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
         acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
         mbarrier.arrive(v_empty.index(previous), count=1)
     last = (first + n_tiles - 1) % NUM_STAGES
@@ -216,19 +182,19 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, mask_buffer,
               HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr, OVERLAP: gl.constexpr, q_index, q_phase, first,
-              EXP_POLY: gl.constexpr = 0, Trace=None, traced=False, turns=None, TURNS: gl.constexpr = False,
-              CONSUMERS: gl.constexpr = 2):
+              Trace=None, traced=False, LATE_STORE_WAIT: gl.constexpr = False, q_empty=None, previous=-1):
     """One warpgroup: rows [q_start + part·PART_M, +PART_M) of the Q tile, every K/V tile (or
     under MASK_MOD the block mask's list: see hide_scores). OVERLAP: S of tile j+1 issued before
     O += P_j V_j (FlashAttention-3's order; S, P and O live at once); without it each tile's two
     products run one after the other, S dead before O's product (fewer live registers), and S
     takes Q from registers, loaded once.
     A persistent program's work item: its rows in Q buffer ``q_index``, landed on q_ready's phase
-    ``q_phase``, its tiles after the ``first`` that went round the K/V ring before them. EXP_POLY:
-    how many of every 4 of P's exponentials a polynomial computes (_softmax_update). ``Trace``: this
-    item's and part's TRACE_EVENTS stamps, kept where ``traced`` (in turn only; see TRACE_EVENTS).
-    TURNS (in turn only): the consumers take turns at their exponentials, in the order of their parts,
-    through ``turns`` (an mbarrier per consumer; _wait_turn)."""
+    ``q_phase``, its tiles after the ``first`` that went round the K/V ring before them. ``Trace``:
+    this item's and part's TRACE_EVENTS stamps, kept where ``traced`` (in turn only; see
+    TRACE_EVENTS). LATE_STORE_WAIT (persistent, two Q buffers, in turn): the output's store is
+    issued before the LSE's and not waited for here; the previous item's is, once this item's
+    first S product is in flight, and its Q buffer ``previous`` (-1: none) then released on
+    ``q_empty`` (_release_previous)."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
     o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -254,7 +220,7 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
                                           seqlen_k, shift, diagonal, n_tiles, first, qk_scale, tiles, n_masked, batch,
                                           head,
                                           mask_buffer, m_i, l_i, acc, s_zero, s_layout, o_rows, p_layout, dtype,
-                                          BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASK_MOD, EXP_POLY)
+                                          BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASK_MOD)
     else:
         # Tiles past n_live hold no key any of this warpgroup's rows sees (_live_tiles): they are
         # only waited for and released, so that the ring's phases stay in step with the others'.
@@ -272,6 +238,9 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
             _stamp(Trace, 2 + 4 * gl.minimum(j, TRACE_TILES - 1), traced)
             s = warpgroup_mma(q_regs, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
+            if LATE_STORE_WAIT:
+                if j == 0:
+                    _release_previous(q_empty, previous)
             if BLOCK_N == HEAD_DIM:
                 # Where P's operand has Q's shape, ptxas of CUDA 12.8 (Triton 3.6's) and 12.9 gave
                 # it Q's registers and never put Q back, so every tile after the first took P as Q
@@ -287,26 +256,11 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
             mbarrier.arrive(k_empty.index(slot), count=1)
             s = hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles,
                              n_masked, batch, head, mask_buffer, MASK_MOD)
-            if TURNS:
-                # The SFU does 16 exponentials a clock per SM, as busy as the tensor cores at d64: run
-                # together, the consumers' exponentials share it and each one's take three times as
-                # long; in turns, each runs at the SFU's rate while the others' products run.
-                # The turn passes once P V is issued: that product reads all of P, so every
-                # exponential has run by then (ptxas moves the arrive above the ones whose
-                # results nothing before it reads).
-                m_new, m_safe = _new_max(s, m_i, qk_scale)
-                _wait_turn(turns, part, first + j)
-                p, alpha = _exponentials(s, m_i, m_safe, qk_scale, EXP_POLY)
-                l_i = l_i * alpha + gl.sum(p, axis=1)
-                m_i = m_new
-            else:
-                p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, EXP_POLY)
+            p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
             acc, p_low = _rescaled_with_operand(acc, alpha, p, o_rows, p_layout, dtype)
             _stamp(Trace, 4 + 4 * gl.minimum(j, TRACE_TILES - 1), traced)
             mbarrier.wait(v_ready.index(slot), phase)
             acc = warpgroup_mma(p_low, v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-            if TURNS:
-                _pass_turn(turns, part, CONSUMERS)
             acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
             _stamp(Trace, 5 + 4 * gl.minimum(j, TRACE_TILES - 1), traced)
             mbarrier.arrive(v_empty.index(slot), count=1)
@@ -315,44 +269,69 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
             phase = ((first + j) // NUM_STAGES) & 1
             mbarrier.wait(k_ready.index(slot), phase)
             mbarrier.arrive(k_empty.index(slot), count=1)
-            if TURNS:  # (the turn passes on: the others' order holds)
-                _wait_turn(turns, part, first + j)
-                _pass_turn(turns, part, CONSUMERS)
             mbarrier.wait(v_ready.index(slot), phase)
             mbarrier.arrive(v_empty.index(slot), count=1)
+        if LATE_STORE_WAIT:
+            if n_live == 0:  # (a part with no live tile: its loop above never ran)
+                _release_previous(q_empty, previous)
 
     # Epilogue: rows that saw no key (l = 0) give O = 0 and LSE = -inf, as fwd.py does. A part
     # whose rows all lie outside the sequence (past its end, or before its start under LEAD_PART:
     # row indices below 0 would address the head before) stores nothing.
-    _stamp(Trace, TRACE_EVENTS - 2, traced)
+    _stamp(Trace, TRACE_EVENTS - 4, traced)
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
     lse = gl.where(empty, -float("inf"), (m_i + gl.log2(l_safe)) * LN2)
     if (first_row < seqlen_q) & (first_row + PART_M > 0):
         # (rows >= 0 holds for a part that is not wholly before row 0 while the lead is whole parts;
         # the mask keeps the head before safe should it ever not be)
-        gl.store(LSE_head + rows, lse, mask=(rows >= 0) & (rows < seqlen_q))
+        lse_mask = (rows >= 0) & (rows < seqlen_q)
+        if not LATE_STORE_WAIT:
+            gl.store(LSE_head + rows, lse, mask=lse_mask)
         out = acc * gl.convert_layout(1.0 / l_safe, o_rows, assert_trivial=True)[:, None]
         # Q is dead once its last product retired: its buffer stages O for the TMA store,
         # which writes only the rows inside the tensor.
         q_tile.store(out.to(dtype))
         fence_async_shared()
+        _stamp(Trace, TRACE_EVENTS - 3, traced)
         tma_store(o_desc, [batch, head, first_row, 0], q_smem.index(q_index))
-        tma.store_wait(0)
+        _stamp(Trace, TRACE_EVENTS - 2, traced)
+        if LATE_STORE_WAIT:
+            # (the LSE's store after the fence, which would otherwise order it before O's)
+            gl.store(LSE_head + rows, lse, mask=lse_mask)
+        else:
+            tma.store_wait(0)
     _stamp(Trace, TRACE_EVENTS - 1, traced)
 
 
 @gluon.jit
+def _release_previous(q_empty, previous):
+    """Under LATE_STORE_WAIT: wait for the previous item's output store to have read its Q buffer
+    ``previous`` (-1: no previous item), then release that buffer to the loader."""
+    if previous >= 0:
+        tma.store_wait(0)
+        mbarrier.arrive(q_empty.index(previous), count=1)
+
+
+@gluon.jit
+def _previous_buffer(local, Q_BUFFERS: gl.constexpr):
+    """The Q buffer of a persistent program's item before its ``local``-th, or -1 for its first."""
+    previous = -1
+    if local > 0:
+        previous = (local - 1) % Q_BUFFERS
+    return previous
+
+
+@gluon.jit
 def _tile_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                   EXP_POLY: gl.constexpr, TURNS: gl.constexpr, CONSUMERS: gl.constexpr):
+                   NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
     """_consumer of a program per Q tile (dense, no block mask), ``shared`` what every consumer
     partition takes alike as one tuple (see _one_tile_per_program)."""
     q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch, head, q_start, \
-        seqlen_q, seqlen_k, n_tiles, qk_scale, turns = shared
+        seqlen_q, seqlen_k, n_tiles, qk_scale = shared
     _consumer(part, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
               head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M, BLOCK_N,
-              NUM_STAGES, CAUSAL, None, OVERLAP, part, 0, 0, EXP_POLY, None, False, turns, TURNS, CONSUMERS)
+              NUM_STAGES, CAUSAL, None, OVERLAP, part, 0, 0)
 
 
 @gluon.jit
@@ -453,7 +432,7 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
                   group_size, seqlen_q, seqlen_k, qk_scale, ring, local, HEAD_DIM: gl.constexpr,
                   PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                  EXP_POLY: gl.constexpr, Trace, turns, TURNS: gl.constexpr):
+                  Trace, LATE_STORE_WAIT: gl.constexpr):
     """_persistent_consumer's work on item ``item``, its ``local``-th, as _consumer runs a
     program's rows; the item's Q buffer released once its output, staged there, has been stored.
     Returns how many K/V tiles the item had."""
@@ -470,8 +449,10 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
     _consumer(part, q_smem, k_smem, v_smem, q_ready.index(buffer), k_ready, v_ready, k_empty, v_empty, o_desc,
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM,
               PART_M, BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, buffer * CONSUMERS + part,
-              (local // Q_BUFFERS) & 1, ring, EXP_POLY, item_trace, traced, turns, TURNS, CONSUMERS)
-    mbarrier.arrive(q_empty.index(buffer), count=1)  # _consumer waited for its output's store
+              (local // Q_BUFFERS) & 1, ring, item_trace, traced, LATE_STORE_WAIT, q_empty,
+              _previous_buffer(local, Q_BUFFERS))
+    if not LATE_STORE_WAIT:
+        mbarrier.arrive(q_empty.index(buffer), count=1)  # _consumer waited for its output's store
     return n_tiles
 
 
@@ -479,15 +460,14 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
 def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PART_M: gl.constexpr,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr,
-                         Q_BUFFERS: gl.constexpr, TileCounter, item_slots, EXP_POLY: gl.constexpr, Trace,
-                         TURNS: gl.constexpr):
+                         Q_BUFFERS: gl.constexpr, TileCounter, item_slots, Trace, LATE_STORE_WAIT: gl.constexpr):
     """_consumer for a persistent program: the same work items as _persistent_loader's (under the
     dynamic scheduler, read from ``item_slots`` once the item's Q buffer is ready). ``shared``: what
     every consumer partition takes alike (the kernel's ``consumer_shared``), as one tuple, so that
     each partition's entry in warp_specialize names only its part."""
     q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, stride_lb, \
         stride_lh, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, \
-        qk_scale, turns = shared
+        qk_scale = shared
     ring = 0
     local = 0
     if TileCounter is not None:
@@ -498,7 +478,7 @@ def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PAR
                                   v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                   heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
                                   HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                  Q_BUFFERS, EXP_POLY, Trace, turns, TURNS)
+                                  Q_BUFFERS, Trace, LATE_STORE_WAIT)
             local += 1
             buffer = local % Q_BUFFERS
             mbarrier.wait(q_ready.index(buffer), (local // Q_BUFFERS) & 1)
@@ -509,8 +489,10 @@ def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PAR
                                   v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                   heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
                                   HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                  Q_BUFFERS, EXP_POLY, Trace, turns, TURNS)
+                                  Q_BUFFERS, Trace, LATE_STORE_WAIT)
             local += 1
+    if LATE_STORE_WAIT:  # the last item's store, which no item after it waited for
+        _release_previous(q_empty, _previous_buffer(local, Q_BUFFERS))
 
 
 @gluon.jit
@@ -523,18 +505,6 @@ def _persistent_barriers(Q_BUFFERS: gl.constexpr, CONSUMERS: gl.constexpr):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=CONSUMERS)
     return q_ready, q_empty
-
-
-@gluon.jit
-def _turn_barriers(CONSUMERS: gl.constexpr, TURNS: gl.constexpr):
-    """The consumers' turns at the exponentials (_wait_turn): an mbarrier per consumer, each
-    completed by the consumer before it. Initialised under TURNS only; unused otherwise, and then
-    left out of the build (a None made in the kernel would not pass to the partitions)."""
-    turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    if TURNS:
-        for i in gl.static_range(CONSUMERS):
-            mbarrier.init(turns.index(i), count=1)
-    return turns
 
 
 @gluon.jit
@@ -556,8 +526,8 @@ def _fwd_pingpong_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 2, OVERLAP: gl.constexpr = True, PERSISTENT: gl.constexpr = False,
-    Q_BUFFERS: gl.constexpr = 1, EARLY_KV: gl.constexpr = False, EXP_POLY: gl.constexpr = 0,
-    TURNS: gl.constexpr = False, Trace=None,
+    Q_BUFFERS: gl.constexpr = 1, EARLY_KV: gl.constexpr = False, LATE_STORE_WAIT: gl.constexpr = False,
+    Trace=None,
 ):
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
@@ -581,11 +551,8 @@ def _fwd_pingpong_kernel(
     buffer the loader waits for this item's output before the next item's Q, and with EARLY_KV
     copies that item's first K/V tiles before the wait (_persistent_loader).
 
-    EXP_POLY (0, 1 or 2): of every 4 of P's exponentials, how many a polynomial computes on the
-    FMA units instead of MUFU.EX2 on the SFU (exp2_split.py; hopper.FORWARD_EXP_POLY).
-
-    TURNS (products in turn only): the consumers take turns at each tile's exponentials
-    (_consumer; hopper.FORWARD_TURNS).
+    LATE_STORE_WAIT (persistent, two Q buffers, products in turn): a consumer waits for an item's
+    output store only once its next item's first S product is in flight (_consumer).
 
     Trace (persistent programs in turn; a probe's): int64 (TRACE_PROGRAMS, TRACE_ITEMS, CONSUMERS,
     TRACE_EVENTS), zeroed, where the consumers stamp their timeline (TRACE_EVENTS); None: nothing.
@@ -594,6 +561,9 @@ def _fwd_pingpong_kernel(
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3 or CONSUMERS == 4)
     PART_M: gl.constexpr = BLOCK_M // CONSUMERS
     gl.static_assert(PART_M * CONSUMERS == BLOCK_M)
+    # (with one Q buffer the next item's Q would wait for a release that comes only after it)
+    gl.static_assert(not LATE_STORE_WAIT or (PERSISTENT and Q_BUFFERS == 2 and not OVERLAP),
+                     "LATE_STORE_WAIT: persistent programs of two Q buffers, products in turn")
     if PERSISTENT:
         num_items = num_m_blocks * q_desc.shape[0] * num_heads_q
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * CONSUMERS, 1, 1, PART_M, HEAD_DIM],
@@ -604,7 +574,6 @@ def _fwd_pingpong_kernel(
         # The dynamic scheduler's item of each Q buffer (unused, and left out of the build, without
         # TileCounter: a None made here would not pass to the partitions as a constant).
         item_slots = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        turns = _turn_barriers(CONSUMERS, TURNS)
         fence_async_shared()  # the inits visible to the TMA unit before its first copy
         # What every consumer partition takes alike, as one tuple, so that each partition's entry names
         # its part and the constexprs only. (warp_specialize passes tensors and scalars inside a tuple
@@ -612,15 +581,15 @@ def _fwd_pingpong_kernel(
         # written as a (function, arguments) pair in the list: one kept in a variable does not build.)
         consumer_shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, o_desc, LSE,
                            stride_lb, stride_lh, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size,
-                           seqlen_q, seqlen_k, qk_scale, turns)
+                           seqlen_q, seqlen_k, qk_scale)
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
-                                        Trace, TURNS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        LATE_STORE_WAIT)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
-                                        Trace, TURNS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        LATE_STORE_WAIT)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -629,14 +598,14 @@ def _fwd_pingpong_kernel(
         elif CONSUMERS == 3:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
-                                        Trace, TURNS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        LATE_STORE_WAIT)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
-                                        Trace, TURNS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        LATE_STORE_WAIT)),
                 (_persistent_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
-                                        Trace, TURNS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        LATE_STORE_WAIT)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -645,17 +614,17 @@ def _fwd_pingpong_kernel(
         else:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
-                                        Trace, TURNS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        LATE_STORE_WAIT)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
-                                        Trace, TURNS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        LATE_STORE_WAIT)),
                 (_persistent_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
-                                        Trace, TURNS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        LATE_STORE_WAIT)),
                 (_persistent_consumer, (3, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EXP_POLY,
-                                        Trace, TURNS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        LATE_STORE_WAIT)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -664,8 +633,7 @@ def _fwd_pingpong_kernel(
     else:
         _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, num_heads_q, group_size,
                               seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale, HEAD_DIM, PART_M, BLOCK_M,
-                              BLOCK_N, NUM_STAGES, CAUSAL, LOADER_REGS, CONSUMER_REGS, CONSUMERS, OVERLAP, EXP_POLY,
-                              TURNS)
+                              BLOCK_N, NUM_STAGES, CAUSAL, LOADER_REGS, CONSUMER_REGS, CONSUMERS, OVERLAP)
 
 
 @gluon.jit
@@ -673,8 +641,7 @@ def _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride
                           seqlen_k, num_m_blocks, heads_per_group, qk_scale, HEAD_DIM: gl.constexpr,
                           PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr,
-                          CONSUMER_REGS: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr,
-                          EXP_POLY: gl.constexpr, TURNS: gl.constexpr):
+                          CONSUMER_REGS: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr):
     """_fwd_pingpong_kernel's body when each program runs one Q tile (not PERSISTENT)."""
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, heads_per_group,
                                                               num_heads_q, group_size, seqlen_q, seqlen_k,
@@ -683,44 +650,34 @@ def _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride
     # LSE = -inf; the host never launches with seqlen_k = 0.
     n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
     LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
-    turns = _turn_barriers(CONSUMERS, TURNS)  # (initialised before _pipeline_buffers' fence)
     q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty = _pipeline_buffers(
         q_desc, k_desc, v_desc, PART_M, HEAD_DIM, BLOCK_N, NUM_STAGES, CONSUMERS)
 
     # What every consumer partition takes alike, as one tuple (see _fwd_pingpong_kernel's persistent
     # branch); a partition's entry adds its part and the constexprs.
     consumer_shared = (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
-                       head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, turns)
+                       head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale)
     if CONSUMERS == 2:
         gl.warp_specialize([
-            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             EXP_POLY, TURNS, CONSUMERS)),
-            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             EXP_POLY, TURNS, CONSUMERS)),
+            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     elif CONSUMERS == 3:
         gl.warp_specialize([
-            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             EXP_POLY, TURNS, CONSUMERS)),
-            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             EXP_POLY, TURNS, CONSUMERS)),
-            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             EXP_POLY, TURNS, CONSUMERS)),
+            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             EXP_POLY, TURNS, CONSUMERS)),
-            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             EXP_POLY, TURNS, CONSUMERS)),
-            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             EXP_POLY, TURNS, CONSUMERS)),
-            (_tile_consumer, (3, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             EXP_POLY, TURNS, CONSUMERS)),
+            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (3, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])

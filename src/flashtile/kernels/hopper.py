@@ -628,23 +628,6 @@ FORWARD_FOUR_CONSUMER_TILES = (64, 3)
 # ptxas waits for both before the exponentials (the kernel's docstring); in turn, a warpgroup's
 # two product latencies add up, which the other warpgroups' products have to cover.
 FORWARD_OVERLAP = {2: True, 3: False, 4: False}
-# How many of every 4 of P's exponentials the dense forward computes by a polynomial on the FMA
-# units instead of MUFU.EX2 on the SFU (kernels/exp2_split.py), by kernel head dim. The SFU does 16
-# exponentials a clock per SM and the tensor cores 4096 bf16 FLOPs, so a (rows × keys) tile's
-# exponentials take rows·keys/16 clocks and its two products rows·keys·d/1024: at d64 the SFU is as
-# busy as the tensor cores (at d128 half as busy), and the three consumers' softmax phases must
-# hide behind each other's products exactly. Attempt 71 (session 29). FLASHTILE_GLUON_FWD_EXP_POLY
-# (auto, 0, 1, 2) sets it for every head dim.
-FORWARD_EXP_POLY: dict = {}
-FORWARD_EXP_POLY_SWITCH = "FLASHTILE_GLUON_FWD_EXP_POLY"
-# Whether the consumers whose products run in turn (FORWARD_OVERLAP False) also take turns at their
-# exponentials (gluon_fwd's TURNS), by the count of consumers. probes/fwd_timeline.py (session 29,
-# d64, three consumers) read a tile's period at ~2650 clocks, of which the softmax ~1600: the three
-# consumers' exponentials ran at once, sharing the SFU, so each took three times its own 512 clocks
-# and the SFU was busy 58% of the time. In turns each runs at the SFU's rate while the others'
-# products run. Attempt 72. FLASHTILE_GLUON_FWD_EXP_TURNS (auto, 0, 1) sets it for every count.
-FORWARD_EXP_TURNS: dict = {}
-FORWARD_EXP_TURNS_SWITCH = "FLASHTILE_GLUON_FWD_EXP_TURNS"
 
 
 def forward_consumers(head_dim: int) -> int:
@@ -654,22 +637,6 @@ def forward_consumers(head_dim: int) -> int:
         return 2
     switch = choice(FORWARD_CONSUMERS_SWITCH, ("2", "3", "4"))
     return 3 if switch == "auto" else int(switch)
-
-
-def forward_exp_poly(head_dim: int) -> int:
-    """FORWARD_EXP_POLY's entry for kernel head dim ``head_dim`` (0 where it has none), or
-    FLASHTILE_GLUON_FWD_EXP_POLY where not auto."""
-    value = choice(FORWARD_EXP_POLY_SWITCH, ("0", "1", "2"), "of every 4 exponentials")
-    return FORWARD_EXP_POLY.get(head_dim, 0) if value == "auto" else int(value)
-
-
-def forward_exp_turns(consumers: int) -> bool:
-    """FORWARD_EXP_TURNS's entry for ``consumers`` (False where it has none), or
-    FLASHTILE_GLUON_FWD_EXP_TURNS where not auto; never where the products overlap."""
-    if FORWARD_OVERLAP.get(consumers, True):
-        return False
-    value = setting(name=FORWARD_EXP_TURNS_SWITCH)
-    return FORWARD_EXP_TURNS.get(consumers, False) if value == "auto" else value == "1"
 
 
 def _forward_consumer_tiles(consumers: int, head_dim: int, seqlen_k: int) -> tuple[int, int]:
@@ -703,6 +670,14 @@ PERSISTENT_DYNAMIC: bool | None = None
 # 0.97 / 1.01, 0.95 / 0.98 at 1k / 4k / 16k, causal 1.02 / 1.02 and 0.99 / 1.00 at 1k and 4k: within
 # the runs' noise where auto runs persistent programs, so off.
 PERSISTENT_EARLY_KV = False
+# Persistent programs of two Q buffers whose consumers run their products in turn (d64's three) issue
+# an item's output store and go on: each waits for it once its next item's first S product is in
+# flight, then releases the buffer (gluon_fwd's LATE_STORE_WAIT), where the store's wait ended the
+# item. probes/fwd_timeline.py (session 29, d64 non-causal) read an item's epilogue at ~1100 clocks,
+# two fifths of a tile's period, the three consumers' at once (tensor cores idle), and an item at
+# 0.7 tile periods past its tiles. Attempt 73. FLASHTILE_GLUON_FWD_LATE_STORE_WAIT (auto, 0, 1).
+PERSISTENT_LATE_STORE_WAIT = False
+LATE_STORE_WAIT_SWITCH = "FLASHTILE_GLUON_FWD_LATE_STORE_WAIT"
 # sm_90's shared memory a block may opt in to, and what a forward CTA takes besides its tiles (the
 # mbarriers), for forward_q_buffers.
 SHARED_MEMORY_BYTES = 227 * 1024
@@ -732,6 +707,12 @@ def persistent_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bo
     if causal:
         return head_dim in (64, 128) or seqlen_k > 1024
     return head_dim in (64, 128) and seqlen_k <= 4096
+
+
+def _late_store_wait() -> bool:
+    """PERSISTENT_LATE_STORE_WAIT, or FLASHTILE_GLUON_FWD_LATE_STORE_WAIT where not auto."""
+    value = setting(name=LATE_STORE_WAIT_SWITCH)
+    return PERSISTENT_LATE_STORE_WAIT if value == "auto" else value == "1"
 
 
 def persistent_dynamic(causal: bool, seqlen_k: int) -> bool:
@@ -769,8 +750,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     consumers = forward_consumers(head_dim)
     persistent = forward_persistent(head_dim, k.shape[2], causal)
     plan = _dense_forward_plan(q, k, v, out, softmax_scale, causal, head_dim, consumers,
-                               sm_count(q.device) if persistent else 0, forward_exp_poly(head_dim),
-                               forward_exp_turns(consumers))
+                               sm_count(q.device) if persistent else 0)
     tensors = (q, k, v, out)
     if plan.templates is not None:
         descriptors = [_bound(template, t) for template, t in zip(plan.templates, tensors)]
@@ -807,18 +787,17 @@ _PLANS_MAX = 256
 
 
 def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_dim: int,
-                        consumers: int, persistent_programs: int = 0, exp_poly: int = 0,
-                        exp_turns: bool = False) -> _DenseForwardPlan:
+                        consumers: int, persistent_programs: int = 0) -> _DenseForwardPlan:
     """The plan of forward()'s dense launch for these tensors (q/out (B, Hq, Sq, D), k/v (B, Hkv,
     Sk, D), one dtype), made on the first call of its kind. ``persistent_programs`` > 0: at most
-    that many persistent programs (the SMs), 0: a program per Q tile. ``exp_poly`` and ``exp_turns``:
-    the kernel's EXP_POLY and TURNS (forward_exp_poly, forward_exp_turns)."""
+    that many persistent programs (the SMs), 0: a program per Q tile."""
     overlap = FORWARD_OVERLAP.get(consumers, True)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
            consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_FOUR_CONSUMER_TILES,
            FORWARD_CONSUMER_REGS.get(consumers), overlap,
            CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs, SHARED_MEMORY_BYTES,
-           _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC, PERSISTENT_EARLY_KV, exp_poly, exp_turns)
+           _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC, PERSISTENT_EARLY_KV, setting(name=LATE_STORE_WAIT_SWITCH),
+           PERSISTENT_LATE_STORE_WAIT)
     plan = _DENSE_FORWARD_PLANS.get(key)
     if plan is not None:
         return plan
@@ -833,21 +812,19 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
                                              shared_by=group)
     rows = (part_m, block_n, block_n, part_m)
     templates = tuple(_tile_template(t, r, head_dim) for t, r in zip((q, k, v, out), rows))
-    # (CONSUMERS, OVERLAP, EXP_POLY and TURNS passed only when they are not the kernel's defaults: the two-consumer
+    # (CONSUMERS and OVERLAP passed only when they are not the kernel's defaults: the two-consumer
     # launch's arguments, and so its fast_launch key, stay as they were)
     extra = {} if consumers == 2 else {"CONSUMERS": consumers}
     if not overlap:
         extra["OVERLAP"] = False
-    if exp_poly:
-        extra["EXP_POLY"] = exp_poly
-    if exp_turns:
-        extra["TURNS"] = True
     programs = num_m_blocks * batch * heads_q
     if persistent_programs:
         extra.update(PERSISTENT=True, Q_BUFFERS=forward_q_buffers(head_dim, block_m, block_n, num_stages,
                                                                   q.element_size()))
         if PERSISTENT_EARLY_KV and extra["Q_BUFFERS"] == 1:
             extra["EARLY_KV"] = True
+        if extra["Q_BUFFERS"] == 2 and not overlap and _late_store_wait():
+            extra["LATE_STORE_WAIT"] = True
         programs = min(programs, persistent_programs)
     dynamic = bool(persistent_programs) and persistent_dynamic(causal, seqlen_k)
     plan = _DenseForwardPlan(
