@@ -94,6 +94,9 @@
 #   bash benchmarks/gpu_final.sh ncu-source  # ncu's per-instruction stalls and bank conflicts of the fused
 #                                        # backward (non-causal, causal), summarised; ~60 s
 #   bash benchmarks/gpu_final.sh ncu-fwd   # the same source view of the d64 Gluon forward (HEADDIM=...); ~60 s
+#   bash benchmarks/gpu_final.sh spread    # attempt 74 (session 29, written after its device time): the d64
+#                                        # forward's timeline with the one-part tiles' programs traced, then
+#                                        # probes/fwd_spread.py (0 against 1), then its GPU tests forced on; ~300 s
 #   bash benchmarks/gpu_final.sh loops   # block-mask loops (attempt 22: runs of full tiles): masks.py (Flex
 #                                        # included), mask_tiles.py ranges (as built / run loop / tile by
 #                                        # tile); the decode append kernel (attempt 23): launch_overhead.py's
@@ -463,6 +466,21 @@ case ${1:-tests} in
       -k "$FORWARD_SELECTION" --timeout-method=thread
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-lead-parts.log"
     grep -v "Warn\|warn" "$OUT/fwd-tree-ab.log" | tail -8; grep -v "Warn\|warn" "$OUT/fwd-tree-ab-d128.log" | tail -5
+    cat "$OUT/times.txt" ;;
+  spread)
+    # Attempt 74: persistent programs of a count coprime with a head's Q tiles (FLASHTILE_GLUON_FWD_SPREAD).
+    # First the timeline at 1k with and without it (gluon_fwd traces programs 0-7, among them program 5,
+    # which in fixed turns on 132 SMs takes only the heads' last tiles, one live part of three), then the
+    # oracle and the timing (probes/fwd_spread.py), then the d64 forward's GPU tests with it forced on.
+    for s in 0 1; do
+      FLASHTILE_GLUON_FWD_SPREAD=$s step timeout 60 python3 benchmarks/probes/fwd_timeline.py --seqlens 1024 \
+        --save "$OUT/stamps-spread$s" > "$OUT/timeline-spread$s.log" 2>&1
+    done
+    step timeout 200 python3 benchmarks/probes/fwd_spread.py > "$OUT/fwd-spread.log" 2>&1
+    FLASHTILE_GLUON_FWD_SPREAD=1 gluon_tests tests-spread.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu \
+      -k "(forward_grid or three_consumers or persistent) and d64" --timeout-method=thread
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-spread.log"; grep -v "Warn\|warn" "$OUT/fwd-spread.log" | tail -6
+    for s in 0 1; do grep "item to item" "$OUT/timeline-spread$s.log"; done
     cat "$OUT/times.txt" ;;
   bwd-vs-graph)
     # Where the 1k backward cells' time goes (session 28 wrote it; not yet run): probes/bench_vs_graph.py

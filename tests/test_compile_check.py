@@ -48,6 +48,33 @@ def test_the_in_turn_forward_keeps_q_apart_under_the_older_ptxas():
     assert "gluon fwd4" in out and "all kernels compile for sm_90" in out
 
 
+def test_the_forward_stamps_its_timeline_only_when_traced():
+    # gluon_fwd's Trace (probes/fwd_timeline.py) reads the SM's clock at each of the consumers' steps;
+    # a launch without it (every call but the probe's) must build the kernel without a clock read.
+    pytest.importorskip("triton")
+    code = """
+import compile_check
+names = ["gluon fwd3 d=64 full bf16 s2 in turn persistent traced", "gluon fwd3 d=64 full fp16 s2 in turn persistent q2"]
+variants = {v[0]: v for v in compile_check.gluon_variants(False) if v[0] in names}
+for name in names:
+    _, kernel, constexprs, warps = variants[name]
+    sass = compile_check.cuobjdump(compile_check.compile_gluon_variant(kernel, constexprs, warps), "-sass")
+    print(name, "clock reads", sass.count("SR_CLOCKLO"))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tools")]), TRITON_DEFAULT_FP_FUSION="1")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env,
+                            cwd=ROOT)
+    if "no Gluon Hopper support" in result.stdout:
+        pytest.skip("this Triton has no Gluon Hopper support")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    counts = dict(re.findall(r"^(.*) clock reads (\d+)$", result.stdout, re.MULTILINE))
+    # each consumer (three) reads it 10 times in its code: before and after its Q wait, 4 a tile, 4 in the
+    # epilogue (more should ptxas ever duplicate a block)
+    assert int(counts["gluon fwd3 d=64 full bf16 s2 in turn persistent traced"]) >= 3 * 10, result.stdout
+    assert int(counts["gluon fwd3 d=64 full fp16 s2 in turn persistent q2"]) == 0, result.stdout
+
+
 def test_config_resources_reports_registers_and_spills():
     out = run_tool("config_resources.py", "--kernel", "dq", "--headdim", "64", "--blocks", "64", "--warps", "4",
                    "--stages", "2")

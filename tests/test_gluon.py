@@ -12,6 +12,7 @@ the Triton backward on the Gluon forward's LSE, the backward's grid the Triton f
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from types import SimpleNamespace
 
@@ -800,6 +801,56 @@ def test_three_or_four_consumers_launch_tiles_of_64_row_parts(monkeypatch, head_
         assert "CONSUMERS" not in constexprs and "OVERLAP" not in constexprs and constexprs["BLOCK_M"] == 128
     assert k_desc.block_shape == v_desc.block_shape == [1, 1, constexprs["BLOCK_N"], width]
     assert grid == (triton.cdiv(500, constexprs["BLOCK_M"]) * 2 * 6,)
+
+
+def test_spread_programs_share_no_factor_with_the_tiles_of_a_head_at_no_cost_in_turns():
+    # d64 at 1k: 6 Q tiles a head, 512 heads (3072 items) on 132 SMs -> 131 (24 turns either way);
+    # 4k: 22 tiles, 2816 items -> 131 (22 turns); 16k: 86 tiles, 2752 items, 21 turns on 132 and 22 on
+    # 131 -> kept; coprime already: kept
+    assert [hopper.spread_programs(132, tiles, items) for tiles, items in ((6, 3072), (22, 2816), (86, 2752))] \
+        == [131, 131, 132]
+    assert hopper.spread_programs(132, 7, 3072) == 132
+    # 48 items on 12 programs take 4 turns; 11 would take 5, so 12 stay
+    assert hopper.spread_programs(12, 6, 48) == 12 and hopper.spread_programs(12, 6, 50) == 11
+    for programs in range(1, 150):
+        for tiles in (2, 3, 6, 8, 22):
+            for items in (programs + 1, 3 * programs + 2, 7 * programs):
+                spread = hopper.spread_programs(programs, tiles, items)
+                turns = -(-items // spread)
+                assert 1 <= spread <= programs and turns == -(-items // programs)
+                if spread < programs:
+                    assert math.gcd(spread, tiles) == 1
+                    assert all(math.gcd(p, tiles) > 1 for p in range(spread + 1, programs + 1))
+                else:  # kept: coprime already, or no coprime count takes as few turns
+                    assert math.gcd(programs, tiles) == 1 or all(
+                        math.gcd(p, tiles) > 1 for p in range(1, programs) if -(-items // p) == turns)
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+def test_spread_takes_a_program_count_coprime_with_the_tiles_where_the_last_tile_has_idle_parts(monkeypatch):
+    gluon_fwd = hopper._gluon()[0]
+    launches = []
+    monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 12)  # a pretend GPU of 12 SMs
+    monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "1")
+    monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH, raising=False)  # d64: three, 192-row tiles
+
+    def programs(seqlen, causal=False, spread="1", nine=False):
+        monkeypatch.setenv(hopper.SPREAD_SWITCH, spread)
+        shape = (1, 9, seqlen, 64) if nine else (2, 4, seqlen, 64)
+        q, k, v, out = (torch.randn(shape, dtype=torch.bfloat16) for _ in range(4))
+        hopper.forward(q, k, v, out, 0.125, causal=causal)
+        return launches[-1][1][0]
+
+    # 1000 rows: 6 tiles a head (the last with one live part of three) on 12 programs, which share
+    # the factor 6. Batch 2 of 4 heads (48 tiles, 4 turns) keeps 12, as 11 would take 5 turns; one
+    # of 9 heads (54 tiles, 5 turns either way) takes 11; off (the switch, or auto as measured), 12.
+    assert programs(1000) == 12
+    assert programs(1000, nine=True) == 11 and programs(1000, nine=True, spread="0") == 12
+    assert programs(1000, nine=True, spread="auto") == (11 if hopper.PERSISTENT_SPREAD else 12)
+    assert programs(1152, nine=True) == 12  # 6 whole tiles a head: nothing idles, nothing to spread
+    assert programs(1000, nine=True, causal=True) == 12  # causal: the overhang is in the first tile already
+    assert programs(100) == 8  # a tile a head, 8 in all: a program each
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")

@@ -264,14 +264,6 @@ def gluon_variants(quick: bool):
                            gluon_fwd._fwd_pingpong_kernel,
                            dict(constexprs, PERSISTENT=True, Q_BUFFERS=1, EARLY_KV=True,
                                 **({"DYNAMIC": True} if dynamic else {})), 4)
-        # An item's output store waited for once the next item's first S is in flight (LATE_STORE_WAIT,
-        # attempt 73), in fixed turns and on the dynamic scheduler.
-        if not quick and "LATE_STORE_WAIT" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
-            for causal, dynamic in [(False, False), (True, True)]:
-                yield (f"gluon fwd3 d=64 {'causal' if causal else 'full'} bf16 s2 in turn persistent q2 late store"
-                       f"{' dynamic' if dynamic else ''}", gluon_fwd._fwd_pingpong_kernel,
-                       dict(three, CAUSAL=causal, DTYPE="bf16", PERSISTENT=True, Q_BUFFERS=2, LATE_STORE_WAIT=True,
-                            **({"DYNAMIC": True} if dynamic else {})), 4)
         # The consumers' timeline (Trace; probes/fwd_timeline.py)
         if not quick and "Trace" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
             yield ("gluon fwd3 d=64 full bf16 s2 in turn persistent traced", gluon_fwd._fwd_pingpong_kernel,

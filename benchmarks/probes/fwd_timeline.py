@@ -17,7 +17,10 @@ first TRACE_ITEMS items of the first TRACE_PROGRAMS programs. Printed, in clocks
   wait for the next Q, and the next item's first K wait and S;
 - the transition step by step, between the stamps (the epilogue's three, the next item's first);
 - the consumers' stagger: how far apart the three consumers finish the same tile;
-- the kernel's time with and without the stamps (CUDA graphs), to show what they cost.
+- item to item, for items whose parts all see keys and for those with a part that sees none;
+- the kernel's time with and without the stamps (CUDA graphs), to show what they cost. The stamps
+  are global stores, and the fences and barrier arrivals after them wait for them: read the
+  epilogue's steps (its fence) and the next item's start (the Q buffer's release) as upper bounds.
 """
 
 from __future__ import annotations
@@ -93,6 +96,17 @@ def summarise(stamps: torch.Tensor, n_tiles: int, tiles_traced: int) -> None:
             print(f"  {name:44s} median {statistics.median(values):7.0f}  min {min(values):7d}  "
                   f"max {max(values):7d}  (n={len(values)})")
 
+    # Item to item (the first consumer's Q ready to its next), items whose parts all see keys apart
+    # from those with a part that sees none (e.g. the last Q tile of a length 192 rows do not
+    # divide; in fixed turns a program of 1k keys takes only such items or none of them).
+    whole, short = [], []
+    for p in range(programs):
+        for i in range(items - 1):
+            if at(p, i, 0, 1) and at(p, i + 1, 0, 1):
+                live = all(pv_done(p, i, c, 0) for c in range(consumers))
+                (whole if live else short).append(at(p, i + 1, 0, 1) - at(p, i, 0, 1))
+    line("item to item, every part live", whole)
+    line("item to item, a part without keys", short)
     line("tile period (P V done to P V done)", period)
     line("S product (K ready to S done)", s_product)
     line("softmax (S done to P ready)", softmax)

@@ -53,11 +53,10 @@ LN2 = gl.constexpr(0.6931471805599453)
 # 3 + 4t S done, 4 + 4t P ready, 5 + 4t P V done; then the epilogue's: TRACE_EVENTS - 4 its start,
 # TRACE_EVENTS - 3 O staged in shared memory (fenced), TRACE_EVENTS - 2 its store issued,
 # TRACE_EVENTS - 1 its end (the store's wait done).
-TRACE_PROGRAMS = gl.constexpr(4)
+TRACE_PROGRAMS = gl.constexpr(8)
 TRACE_ITEMS = gl.constexpr(8)
 TRACE_TILES = gl.constexpr(8)
 TRACE_EVENTS = gl.constexpr(38)
-
 
 
 @gluon.jit
@@ -182,7 +181,7 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, mask_buffer,
               HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr, OVERLAP: gl.constexpr, q_index, q_phase, first,
-              Trace=None, traced=False, LATE_STORE_WAIT: gl.constexpr = False, q_empty=None, previous=-1):
+              Trace=None, traced=False):
     """One warpgroup: rows [q_start + part·PART_M, +PART_M) of the Q tile, every K/V tile (or
     under MASK_MOD the block mask's list: see hide_scores). OVERLAP: S of tile j+1 issued before
     O += P_j V_j (FlashAttention-3's order; S, P and O live at once); without it each tile's two
@@ -191,10 +190,7 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     A persistent program's work item: its rows in Q buffer ``q_index``, landed on q_ready's phase
     ``q_phase``, its tiles after the ``first`` that went round the K/V ring before them. ``Trace``:
     this item's and part's TRACE_EVENTS stamps, kept where ``traced`` (in turn only; see
-    TRACE_EVENTS). LATE_STORE_WAIT (persistent, two Q buffers, in turn): the output's store is
-    issued before the LSE's and not waited for here; the previous item's is, once this item's
-    first S product is in flight, and its Q buffer ``previous`` (-1: none) then released on
-    ``q_empty`` (_release_previous)."""
+    TRACE_EVENTS)."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
     o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -238,9 +234,6 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
             _stamp(Trace, 2 + 4 * gl.minimum(j, TRACE_TILES - 1), traced)
             s = warpgroup_mma(q_regs, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
-            if LATE_STORE_WAIT:
-                if j == 0:
-                    _release_previous(q_empty, previous)
             if BLOCK_N == HEAD_DIM:
                 # Where P's operand has Q's shape, ptxas of CUDA 12.8 (Triton 3.6's) and 12.9 gave
                 # it Q's registers and never put Q back, so every tile after the first took P as Q
@@ -271,9 +264,6 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
             mbarrier.arrive(k_empty.index(slot), count=1)
             mbarrier.wait(v_ready.index(slot), phase)
             mbarrier.arrive(v_empty.index(slot), count=1)
-        if LATE_STORE_WAIT:
-            if n_live == 0:  # (a part with no live tile: its loop above never ran)
-                _release_previous(q_empty, previous)
 
     # Epilogue: rows that saw no key (l = 0) give O = 0 and LSE = -inf, as fwd.py does. A part
     # whose rows all lie outside the sequence (past its end, or before its start under LEAD_PART:
@@ -285,9 +275,7 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     if (first_row < seqlen_q) & (first_row + PART_M > 0):
         # (rows >= 0 holds for a part that is not wholly before row 0 while the lead is whole parts;
         # the mask keeps the head before safe should it ever not be)
-        lse_mask = (rows >= 0) & (rows < seqlen_q)
-        if not LATE_STORE_WAIT:
-            gl.store(LSE_head + rows, lse, mask=lse_mask)
+        gl.store(LSE_head + rows, lse, mask=(rows >= 0) & (rows < seqlen_q))
         out = acc * gl.convert_layout(1.0 / l_safe, o_rows, assert_trivial=True)[:, None]
         # Q is dead once its last product retired: its buffer stages O for the TMA store,
         # which writes only the rows inside the tensor.
@@ -296,30 +284,8 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
         _stamp(Trace, TRACE_EVENTS - 3, traced)
         tma_store(o_desc, [batch, head, first_row, 0], q_smem.index(q_index))
         _stamp(Trace, TRACE_EVENTS - 2, traced)
-        if LATE_STORE_WAIT:
-            # (the LSE's store after the fence, which would otherwise order it before O's)
-            gl.store(LSE_head + rows, lse, mask=lse_mask)
-        else:
-            tma.store_wait(0)
-    _stamp(Trace, TRACE_EVENTS - 1, traced)
-
-
-@gluon.jit
-def _release_previous(q_empty, previous):
-    """Under LATE_STORE_WAIT: wait for the previous item's output store to have read its Q buffer
-    ``previous`` (-1: no previous item), then release that buffer to the loader."""
-    if previous >= 0:
         tma.store_wait(0)
-        mbarrier.arrive(q_empty.index(previous), count=1)
-
-
-@gluon.jit
-def _previous_buffer(local, Q_BUFFERS: gl.constexpr):
-    """The Q buffer of a persistent program's item before its ``local``-th, or -1 for its first."""
-    previous = -1
-    if local > 0:
-        previous = (local - 1) % Q_BUFFERS
-    return previous
+    _stamp(Trace, TRACE_EVENTS - 1, traced)
 
 
 @gluon.jit
@@ -432,7 +398,7 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
                   group_size, seqlen_q, seqlen_k, qk_scale, ring, local, HEAD_DIM: gl.constexpr,
                   PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                  Trace, LATE_STORE_WAIT: gl.constexpr):
+                  Trace):
     """_persistent_consumer's work on item ``item``, its ``local``-th, as _consumer runs a
     program's rows; the item's Q buffer released once its output, staged there, has been stored.
     Returns how many K/V tiles the item had."""
@@ -449,10 +415,8 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
     _consumer(part, q_smem, k_smem, v_smem, q_ready.index(buffer), k_ready, v_ready, k_empty, v_empty, o_desc,
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM,
               PART_M, BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, buffer * CONSUMERS + part,
-              (local // Q_BUFFERS) & 1, ring, item_trace, traced, LATE_STORE_WAIT, q_empty,
-              _previous_buffer(local, Q_BUFFERS))
-    if not LATE_STORE_WAIT:
-        mbarrier.arrive(q_empty.index(buffer), count=1)  # _consumer waited for its output's store
+              (local // Q_BUFFERS) & 1, ring, item_trace, traced)
+    mbarrier.arrive(q_empty.index(buffer), count=1)  # _consumer waited for its output's store
     return n_tiles
 
 
@@ -460,7 +424,7 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
 def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PART_M: gl.constexpr,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr,
-                         Q_BUFFERS: gl.constexpr, TileCounter, item_slots, Trace, LATE_STORE_WAIT: gl.constexpr):
+                         Q_BUFFERS: gl.constexpr, TileCounter, item_slots, Trace):
     """_consumer for a persistent program: the same work items as _persistent_loader's (under the
     dynamic scheduler, read from ``item_slots`` once the item's Q buffer is ready). ``shared``: what
     every consumer partition takes alike (the kernel's ``consumer_shared``), as one tuple, so that
@@ -478,7 +442,7 @@ def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PAR
                                   v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                   heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
                                   HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                  Q_BUFFERS, Trace, LATE_STORE_WAIT)
+                                  Q_BUFFERS, Trace)
             local += 1
             buffer = local % Q_BUFFERS
             mbarrier.wait(q_ready.index(buffer), (local // Q_BUFFERS) & 1)
@@ -489,10 +453,8 @@ def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PAR
                                   v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                   heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
                                   HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                  Q_BUFFERS, Trace, LATE_STORE_WAIT)
+                                  Q_BUFFERS, Trace)
             local += 1
-    if LATE_STORE_WAIT:  # the last item's store, which no item after it waited for
-        _release_previous(q_empty, _previous_buffer(local, Q_BUFFERS))
 
 
 @gluon.jit
@@ -526,8 +488,7 @@ def _fwd_pingpong_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 2, OVERLAP: gl.constexpr = True, PERSISTENT: gl.constexpr = False,
-    Q_BUFFERS: gl.constexpr = 1, EARLY_KV: gl.constexpr = False, LATE_STORE_WAIT: gl.constexpr = False,
-    Trace=None,
+    Q_BUFFERS: gl.constexpr = 1, EARLY_KV: gl.constexpr = False, Trace=None,
 ):
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
@@ -551,9 +512,6 @@ def _fwd_pingpong_kernel(
     buffer the loader waits for this item's output before the next item's Q, and with EARLY_KV
     copies that item's first K/V tiles before the wait (_persistent_loader).
 
-    LATE_STORE_WAIT (persistent, two Q buffers, products in turn): a consumer waits for an item's
-    output store only once its next item's first S product is in flight (_consumer).
-
     Trace (persistent programs in turn; a probe's): int64 (TRACE_PROGRAMS, TRACE_ITEMS, CONSUMERS,
     TRACE_EVENTS), zeroed, where the consumers stamp their timeline (TRACE_EVENTS); None: nothing.
     """
@@ -561,9 +519,6 @@ def _fwd_pingpong_kernel(
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3 or CONSUMERS == 4)
     PART_M: gl.constexpr = BLOCK_M // CONSUMERS
     gl.static_assert(PART_M * CONSUMERS == BLOCK_M)
-    # (with one Q buffer the next item's Q would wait for a release that comes only after it)
-    gl.static_assert(not LATE_STORE_WAIT or (PERSISTENT and Q_BUFFERS == 2 and not OVERLAP),
-                     "LATE_STORE_WAIT: persistent programs of two Q buffers, products in turn")
     if PERSISTENT:
         num_items = num_m_blocks * q_desc.shape[0] * num_heads_q
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * CONSUMERS, 1, 1, PART_M, HEAD_DIM],
@@ -585,11 +540,9 @@ def _fwd_pingpong_kernel(
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        LATE_STORE_WAIT)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        LATE_STORE_WAIT)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -598,14 +551,11 @@ def _fwd_pingpong_kernel(
         elif CONSUMERS == 3:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        LATE_STORE_WAIT)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        LATE_STORE_WAIT)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        LATE_STORE_WAIT)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -614,17 +564,13 @@ def _fwd_pingpong_kernel(
         else:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        LATE_STORE_WAIT)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        LATE_STORE_WAIT)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        LATE_STORE_WAIT)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_consumer, (3, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        LATE_STORE_WAIT)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,

@@ -32,6 +32,7 @@ under ``1`` the error is raised.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import warnings
 from typing import NamedTuple
@@ -670,14 +671,17 @@ PERSISTENT_DYNAMIC: bool | None = None
 # 0.97 / 1.01, 0.95 / 0.98 at 1k / 4k / 16k, causal 1.02 / 1.02 and 0.99 / 1.00 at 1k and 4k: within
 # the runs' noise where auto runs persistent programs, so off.
 PERSISTENT_EARLY_KV = False
-# Persistent programs of two Q buffers whose consumers run their products in turn (d64's three) issue
-# an item's output store and go on: each waits for it once its next item's first S product is in
-# flight, then releases the buffer (gluon_fwd's LATE_STORE_WAIT), where the store's wait ended the
-# item. probes/fwd_timeline.py (session 29, d64 non-causal) read an item's epilogue at ~1100 clocks,
-# two fifths of a tile's period, the three consumers' at once (tensor cores idle), and an item at
-# 0.7 tile periods past its tiles. Attempt 73. FLASHTILE_GLUON_FWD_LATE_STORE_WAIT (auto, 0, 1).
-PERSISTENT_LATE_STORE_WAIT = False
-LATE_STORE_WAIT_SWITCH = "FLASHTILE_GLUON_FWD_LATE_STORE_WAIT"
+# Persistent programs in fixed turns take items p, p + P, p + 2P, ... of a grid whose Q tiles run
+# fastest (non-causal), so a count P that shares a factor with a head's Q tiles hands each program
+# the same few tile ranks: at d64 1k (6 tiles of 192 rows a head, 132 SMs) programs 5, 11, ... take
+# only the heads' last tiles, whose one live 64-row part of three idles two consumers, and the
+# others only whole ones, on which the grid then ends (probes/fwd_timeline.py, session 29). The
+# largest count up to the SMs that shares no factor with the tiles a head and takes no more turns
+# (131 there: 24 items for some programs either way) gives every program each rank in turn.
+# Attempt 74, written after session 29's device time and not yet measured: off under auto.
+# FLASHTILE_GLUON_FWD_SPREAD (auto, 0, 1).
+PERSISTENT_SPREAD = False
+SPREAD_SWITCH = "FLASHTILE_GLUON_FWD_SPREAD"
 # sm_90's shared memory a block may opt in to, and what a forward CTA takes besides its tiles (the
 # mbarriers), for forward_q_buffers.
 SHARED_MEMORY_BYTES = 227 * 1024
@@ -709,10 +713,24 @@ def persistent_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bo
     return head_dim in (64, 128) and seqlen_k <= 4096
 
 
-def _late_store_wait() -> bool:
-    """PERSISTENT_LATE_STORE_WAIT, or FLASHTILE_GLUON_FWD_LATE_STORE_WAIT where not auto."""
-    value = setting(name=LATE_STORE_WAIT_SWITCH)
-    return PERSISTENT_LATE_STORE_WAIT if value == "auto" else value == "1"
+def spread_programs(programs: int, tiles_per_row: int, items: int) -> int:
+    """The largest count of persistent programs up to ``programs`` that shares no factor with
+    ``tiles_per_row`` (a head's Q tiles) and leaves no program more of the ``items`` than
+    ``programs`` do, so that fixed turns hand each program every tile rank at no cost in turns;
+    ``programs`` where there is none."""
+    turns = -(-items // programs)
+    for spread in range(programs, 0, -1):
+        if -(-items // spread) > turns:
+            break
+        if math.gcd(spread, tiles_per_row) == 1:
+            return spread
+    return programs
+
+
+def _spread() -> bool:
+    """PERSISTENT_SPREAD, or FLASHTILE_GLUON_FWD_SPREAD where not auto."""
+    value = setting(name=SPREAD_SWITCH)
+    return PERSISTENT_SPREAD if value == "auto" else value == "1"
 
 
 def persistent_dynamic(causal: bool, seqlen_k: int) -> bool:
@@ -796,8 +814,8 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
            consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_FOUR_CONSUMER_TILES,
            FORWARD_CONSUMER_REGS.get(consumers), overlap,
            CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs, SHARED_MEMORY_BYTES,
-           _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC, PERSISTENT_EARLY_KV, setting(name=LATE_STORE_WAIT_SWITCH),
-           PERSISTENT_LATE_STORE_WAIT)
+           _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC, PERSISTENT_EARLY_KV, PERSISTENT_SPREAD,
+           setting(name=SPREAD_SWITCH))
     plan = _DENSE_FORWARD_PLANS.get(key)
     if plan is not None:
         return plan
@@ -823,8 +841,11 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
                                                                   q.element_size()))
         if PERSISTENT_EARLY_KV and extra["Q_BUFFERS"] == 1:
             extra["EARLY_KV"] = True
-        if extra["Q_BUFFERS"] == 2 and not overlap and _late_store_wait():
-            extra["LATE_STORE_WAIT"] = True
+        # (only where some programs take more than one tile, the last tile of a head has idle parts
+        # and the tiles go in fixed turns: see PERSISTENT_SPREAD)
+        if (programs > persistent_programs and seqlen_q % block_m and not causal
+                and not persistent_dynamic(causal, seqlen_k) and _spread()):
+            persistent_programs = spread_programs(persistent_programs, num_m_blocks, programs)
         programs = min(programs, persistent_programs)
     dynamic = bool(persistent_programs) and persistent_dynamic(causal, seqlen_k)
     plan = _DenseForwardPlan(
