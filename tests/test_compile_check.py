@@ -54,7 +54,8 @@ def test_the_forward_stamps_its_timeline_only_when_traced():
     pytest.importorskip("triton")
     code = """
 import compile_check
-names = ["gluon fwd3 d=64 full bf16 s2 in turn persistent traced", "gluon fwd3 d=64 full fp16 s2 in turn persistent q2"]
+names = ["gluon fwd3 d=64 full bf16 s2 in turn persistent traced", "gluon fwd3 d=64 full fp16 s2 in turn persistent q2",
+         "gluon fwd3 d=64 full fp16 s2 in turn persistent q2 dynamic"]
 variants = {v[0]: v for v in compile_check.gluon_variants(False) if v[0] in names}
 for name in names:
     _, kernel, constexprs, warps = variants[name]
@@ -73,6 +74,7 @@ for name in names:
     # epilogue (more should ptxas ever duplicate a block)
     assert int(counts["gluon fwd3 d=64 full bf16 s2 in turn persistent traced"]) >= 3 * 10, result.stdout
     assert int(counts["gluon fwd3 d=64 full fp16 s2 in turn persistent q2"]) == 0, result.stdout
+    assert int(counts["gluon fwd3 d=64 full fp16 s2 in turn persistent q2 dynamic"]) == 0, result.stdout
 
 
 def test_config_resources_reports_registers_and_spills():

@@ -2,13 +2,14 @@
 
     python benchmarks/probes/fwd_timeline.py [--seqlens 1024 4096] [--causal]
 
-Session 29's reading of the grid: the d64 non-causal forward runs 434 TFLOP/s at 1k keys, 490 at
-4k and 506 at 16k. Fitted as time = a + b · tiles per Q tile (8, 32, 128 K/V tiles of 128 keys),
-each Q tile (work item) costs about 1.0-1.4 tiles' time more than its tiles: ~13% of the 1k
-forward. This probe asks the kernel where that goes. It launches the persistent d64 forward as
-auto configures it (three consumers, tiles in turn, two Q buffers) with a Trace buffer:
-gluon_fwd's consumers then stamp the SM's clock64 at each step (gluon_fwd.TRACE_EVENTS) for the
-first TRACE_ITEMS items of the first TRACE_PROGRAMS programs. Printed, in clocks:
+Session 27's grid read the d64 non-causal forward at 434 TFLOP/s at 1k keys, 490 at 4k and 506 at
+16k. Fitted as time = a + b · tiles per Q tile (8, 32, 128 K/V tiles of 128 keys), each Q tile
+(work item) costs ~1.4 tiles' time more than its tiles: ~15% of the 1k forward. This probe asks the
+kernel where that goes. It launches the d64 forward on persistent programs (three consumers, tiles
+in turn, two Q buffers, as auto runs it up to 4k keys; at 16k auto runs a program per tile) with a
+Trace buffer: gluon_fwd's consumers then stamp the SM's clock64 at each step
+(gluon_fwd.TRACE_EVENTS) for the first TRACE_ITEMS items of the first TRACE_PROGRAMS programs.
+Printed, in clocks:
 
 - a tile's period (one consumer's P V done to its next), the S product (K ready to S done), the
   softmax (S done to P ready) and the P V product (P ready to P V done, the V wait included);
@@ -18,9 +19,14 @@ first TRACE_ITEMS items of the first TRACE_PROGRAMS programs. Printed, in clocks
 - the transition step by step, between the stamps (the epilogue's three, the next item's first);
 - the consumers' stagger: how far apart the three consumers finish the same tile;
 - item to item, for items whose parts all see keys and for those with a part that sees none;
-- the kernel's time with and without the stamps (CUDA graphs), to show what they cost. The stamps
-  are global stores, and the fences and barrier arrivals after them wait for them: read the
-  epilogue's steps (its fence) and the next item's start (the Q buffer's release) as upper bounds.
+- the kernel's time with and without the stamps (CUDA graphs), to show what they cost.
+
+The stamps are global stores, and the fences and barrier arrivals after them wait for them: read
+the epilogue's steps (its fence) and the next item's start (the Q buffer's release) as upper
+bounds. Read non-causal runs: under --causal the items' tiles differ in count, so the last slot
+holds a different tile per consumer (its stagger compares different tiles), items of fewer than
+TRACE_TILES live tiles drop out of the transition, and past 1k keys the dynamic scheduler waits
+for Q before stamp 0 (gluon_fwd.TRACE_EVENTS).
 """
 
 from __future__ import annotations
@@ -128,7 +134,7 @@ def summarise(stamps: torch.Tensor, n_tiles: int, tiles_traced: int) -> None:
                     continue
                 times = [pv_done(p, i, c, last), *(at(p, i, c, events - k) for k in (4, 3, 2, 1)),
                          at(p, i + 1, c, 0), at(p, i + 1, c, 1), at(p, i + 1, c, 2), at(p, i + 1, c, 3)]
-                if all(times):  # (a part wholly outside the sequence stores nothing: no stamps 2 and 3)
+                if all(times):  # (a part wholly outside the sequence stores nothing: no O-staged or store stamps)
                     for name, before, after in zip(steps[1:], times, times[1:]):
                         gaps[name].append(after - before)
     for name in steps[1:]:

@@ -48,15 +48,18 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 # The consumers' timeline (a probe's, probes/fwd_timeline.py; off unless a Trace buffer is passed):
 # for each of the first TRACE_PROGRAMS persistent programs' first TRACE_ITEMS work items and each
-# consumer, TRACE_EVENTS clock64 stamps: 0 before the wait for Q, 1 after it, then for K/V tile j
-# in slot t = min(j, TRACE_TILES - 1) (the last slot holds the item's last tile): 2 + 4t K ready,
-# 3 + 4t S done, 4 + 4t P ready, 5 + 4t P V done; then the epilogue's: TRACE_EVENTS - 4 its start,
-# TRACE_EVENTS - 3 O staged in shared memory (fenced), TRACE_EVENTS - 2 its store issued,
-# TRACE_EVENTS - 1 its end (the store's wait done).
+# consumer, TRACE_EVENTS clock64 stamps: 0 before _consumer's wait for Q, 1 after it (on the dynamic
+# scheduler the consumer has already waited for Q, to read the item, so these two read nothing of
+# that wait), then, where the products run in turn (not under OVERLAP, which stamps only 0, 1 and
+# the epilogue), for K/V tile j in slot t = min(j, TRACE_TILES - 1) (the last slot holds the item's
+# last tile): 2 + 4t K ready, 3 + 4t S done, 4 + 4t P ready, 5 + 4t P V done; then the epilogue's:
+# TRACE_EVENTS - 4 its start, TRACE_EVENTS - 3 O staged in shared memory (fenced), TRACE_EVENTS - 2
+# its store issued, TRACE_EVENTS - 1 its end (the store's wait done). The epilogue's middle two only
+# where the part stores rows.
 TRACE_PROGRAMS = gl.constexpr(8)
 TRACE_ITEMS = gl.constexpr(8)
 TRACE_TILES = gl.constexpr(8)
-TRACE_EVENTS = gl.constexpr(38)
+TRACE_EVENTS = gl.constexpr(2 + 4 * TRACE_TILES.value + 4)
 
 
 @gluon.jit
@@ -189,8 +192,7 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     takes Q from registers, loaded once.
     A persistent program's work item: its rows in Q buffer ``q_index``, landed on q_ready's phase
     ``q_phase``, its tiles after the ``first`` that went round the K/V ring before them. ``Trace``:
-    this item's and part's TRACE_EVENTS stamps, kept where ``traced`` (in turn only; see
-    TRACE_EVENTS)."""
+    this item's and part's TRACE_EVENTS stamps, kept where ``traced`` (see TRACE_EVENTS)."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
     o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -512,7 +514,7 @@ def _fwd_pingpong_kernel(
     buffer the loader waits for this item's output before the next item's Q, and with EARLY_KV
     copies that item's first K/V tiles before the wait (_persistent_loader).
 
-    Trace (persistent programs in turn; a probe's): int64 (TRACE_PROGRAMS, TRACE_ITEMS, CONSUMERS,
+    Trace (persistent programs; a probe's): int64 (TRACE_PROGRAMS, TRACE_ITEMS, CONSUMERS,
     TRACE_EVENTS), zeroed, where the consumers stamp their timeline (TRACE_EVENTS); None: nothing.
     """
     gl.static_assert(num_warps == 4)

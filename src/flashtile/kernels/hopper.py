@@ -796,7 +796,8 @@ class _DenseForwardPlan(NamedTuple):
 
 # Dense forward plans by what they are worked out from: the shapes, strides and dtype, the scale,
 # causal, the consumers, and the module settings a probe or test swaps (the tiles, the three
-# consumers' tiles and registers, the order of the products, the causal L2 budget and its rule),
+# consumers' tiles and registers, the order of the products, the causal L2 budget and its rule,
+# the persistent programs' settings and, where it applies, the spread switch),
 # so that a swap gets a new plan, not a stale one. A repeat finds its plan instead of working out
 # the tiles, the grid and four descriptors' keys again: 13.9 -> 9.0 µs of this forward on a fast
 # CPU (session 23).
@@ -810,12 +811,15 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
     Sk, D), one dtype), made on the first call of its kind. ``persistent_programs`` > 0: at most
     that many persistent programs (the SMs), 0: a program per Q tile."""
     overlap = FORWARD_OVERLAP.get(consumers, True)
+    # Spreading the programs applies only where a head's last Q tile is part-filled, on persistent
+    # programs, without a causal mask; its switch is read only there, so that other calls pay no
+    # environment read for it.
+    spread = bool(q.shape[2] % (BLOCK_M // 2 * consumers) and persistent_programs and not causal and _spread())
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
            consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_FOUR_CONSUMER_TILES,
            FORWARD_CONSUMER_REGS.get(consumers), overlap,
            CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs, SHARED_MEMORY_BYTES,
-           _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC, PERSISTENT_EARLY_KV, PERSISTENT_SPREAD,
-           setting(name=SPREAD_SWITCH))
+           _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC, PERSISTENT_EARLY_KV, spread)
     plan = _DENSE_FORWARD_PLANS.get(key)
     if plan is not None:
         return plan
@@ -843,8 +847,7 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
             extra["EARLY_KV"] = True
         # (only where some programs take more than one tile, the last tile of a head has idle parts
         # and the tiles go in fixed turns: see PERSISTENT_SPREAD)
-        if (programs > persistent_programs and seqlen_q % block_m and not causal
-                and not persistent_dynamic(causal, seqlen_k) and _spread()):
+        if spread and programs > persistent_programs and not persistent_dynamic(causal, seqlen_k):
             persistent_programs = spread_programs(persistent_programs, num_m_blocks, programs)
         programs = min(programs, persistent_programs)
     dynamic = bool(persistent_programs) and persistent_dynamic(causal, seqlen_k)
