@@ -94,6 +94,9 @@
 #   bash benchmarks/gpu_final.sh ncu-source  # ncu's per-instruction stalls and bank conflicts of the fused
 #                                        # backward (non-causal, causal), summarised; ~60 s
 #   bash benchmarks/gpu_final.sh ncu-fwd   # the same source view of the d64 Gluon forward (HEADDIM=...); ~60 s
+#   bash benchmarks/gpu_final.sh split-keys  # attempt 75 (session 29, written after its device time): its GPU
+#                                        # tests, probes/fwd_split_keys.py (0 against 1, spread on), the
+#                                        # timeline at 1k with both on; ~300 s
 #   bash benchmarks/gpu_final.sh spread    # attempt 74 (session 29, written after its device time): the d64
 #                                        # forward's timeline with the one-part tiles' programs traced, then
 #                                        # probes/fwd_spread.py (0 against 1), then its GPU tests forced on; ~300 s
@@ -482,6 +485,18 @@ case ${1:-tests} in
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-spread.log"; grep -v "Warn\|warn" "$OUT/fwd-spread.log" | tail -6
     for s in 0 1; do grep "item to item" "$OUT/timeline-spread$s.log"; done
     cat "$OUT/times.txt" ;;
+  split-keys)
+    # Attempt 75: a non-causal Q tile of one live part on all three consumers, the keys split three ways
+    # and merged in shared memory (FLASHTILE_GLUON_FWD_SPLIT_KEYS). Its GPU tests first (the merge is new
+    # code that has not run on a GPU), then the oracle and the timing with attempt 74's spread on, then
+    # the timeline at 1k with both on.
+    gluon_tests tests-split-keys.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu \
+      -k "splits_the_keys or spread" --timeout-method=thread
+    step timeout 200 python3 benchmarks/probes/fwd_split_keys.py > "$OUT/fwd-split-keys.log" 2>&1
+    FLASHTILE_GLUON_FWD_SPREAD=1 FLASHTILE_GLUON_FWD_SPLIT_KEYS=1 step timeout 60 python3 \
+      benchmarks/probes/fwd_timeline.py --seqlens 1024 --save "$OUT/stamps-split" > "$OUT/timeline-split.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-split-keys.log"; grep -v "Warn\|warn" "$OUT/fwd-split-keys.log" | tail -6
+    grep "item to item" "$OUT/timeline-split.log"; cat "$OUT/times.txt" ;;
   bwd-vs-graph)
     # Where the 1k backward cells' time goes (session 28 wrote it; not yet run): probes/bench_vs_graph.py
     # --backward at d64 and d128, 1k and 4k keys: hopper.backward as a CUDA graph and eagerly, the
