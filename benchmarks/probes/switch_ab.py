@@ -1,8 +1,9 @@
 """The five-product backward or the dense forward under each setting of one switch: checked, then timed in turn.
 
 What probes/dq_swizzle.py, probes/exp_poly.py, probes/fwd_spread.py and probes/fwd_split_keys.py
-share (each names its switch and settings). The forward's mode also served attempts 71-73 (session 29), whose switches and
-probes were taken out after they measured no gain (in git at 3ebe472 and 1b0faa4).
+share (each names its switch and settings). The forward's mode also served attempts 71-73
+(session 29), whose switches and probes were taken out after they measured no gain (in git at
+3ebe472 and 1b0faa4).
 
 1. Under each setting, the gradients against the float64 oracle (fused_bwd.check: GQA 6:2, 1000
    queries against 1100 keys, 203 against 203, 900 against 333), causal and not, at every head dim;
