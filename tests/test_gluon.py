@@ -845,6 +845,9 @@ def test_split_keys_go_to_non_causal_tiles_in_turn_whose_last_tile_holds_one_par
     assert [split(n) for n in (1000, 1024, 1100, 1152, 64)] == [True, True, False, False, True]
     assert not split(1000, causal=True)  # causal: the overhang sits in the first tile already
     assert not split(1000, head_dim=128)  # two consumers in FlashAttention-3's order: not taken there
+    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "4")
+    assert not split(1000)  # four consumers (more spill with it): not taken
+    monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH)
     assert not split(1000, setting="0")
     assert split(1000, setting="auto") is hopper.FORWARD_SPLIT_KEYS.get(3, False)
 
@@ -1111,8 +1114,9 @@ def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtyp
 # A non-causal Q tile whose only rows are its first part's runs them on every consumer, each over its
 # share of the K/V tiles, merged (gluon_fwd's SPLIT_KEYS, attempt 75): lengths whose last 192-row
 # tile holds one part (1000: 40 rows, 200: 8, 64: 64, 1), against keys from one tile (17: consumers
-# 1 and 2 see no key and merge empty partials) to many, q longer and shorter than k.
-SPLIT_SHAPES = [(1000, 1100), (200, 333), (64, 17), (1, 1023), (1000, 4096)]
+# 1 and 2 see no key and merge empty partials; 200: two tiles, consumer 2 sees none) to many, q longer
+# and shorter than k.
+SPLIT_SHAPES = [(1000, 1100), (200, 333), (64, 17), (1, 1023), (1000, 4096), (1000, 200)]
 
 
 @pytest.mark.gpu
@@ -1126,6 +1130,9 @@ def test_gpu_gluon_forward_splits_the_keys_of_a_one_part_tile(gluon_calls, monke
     monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH, raising=False)  # d64: three consumers
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0" if programs == "per-tile" else "1")
     monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", programs == "dynamic")
+    # 5 persistent programs, so that each takes several tiles: split and whole ones in a row, both
+    # merge phases and both Q buffers
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 5)
     plans = _recorded_plans(monkeypatch)
     sq, sk = seqlens
     index = SPLIT_SHAPES.index(seqlens)

@@ -10,8 +10,9 @@ three partials (max, sum, O) through shared memory. In fixed turns on 132 SMs th
 programs 5, 11, ... (132 is a multiple of 6), which then finish early whatever they cost, so this
 probe times it with FLASHTILE_GLUON_FWD_SPREAD=1 set (attempt 74: 131 programs, each taking every
 tile rank in turn) unless the environment says otherwise. Predicted: the one-part tile from ~0.7-1
-of a whole tile's time to ~0.45 (a third of its tiles on each consumer, plus the merge): with the
-spread, +3-8% at 1k, ~1% at 4k (one tile in 22), nothing at 2k.
+of a whole tile's time to ~0.55-0.7 (a third of its tiles on each consumer, but the ring's 2 stages
+hold two of them at once, so two consumers work at a time; plus the merge): with the spread, +2-5%
+at 1k, ~1% at 4k (one tile in 22), nothing at 2k; every item also passes the merge's barriers.
 
 Checked and timed by probes/switch_ab.py (O and the LSE against the oracle under each setting,
 then the settings in turn, kernels alone).

@@ -40,7 +40,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import (accumulator_layout, hide_scores, kv_ring_barriers, kv_ring_buffers,
+from .gluon_common import (accumulator_layout, hide_scores, kv_ring_barriers, kv_ring_buffers, partition_barrier,
                            listed_q_tile_of_program, q_tile_of_program, stream_kv_tiles, tma_load, tma_store)
 
 
@@ -237,6 +237,7 @@ def _merged_parts(part: gl.constexpr, m_i, l_i, acc, merge, phase, split, CONSUM
                 acc = (acc * gl.convert_layout(alpha, o_rows, assert_trivial=True)[:, None]
                        + acc_o * gl.convert_layout(beta, o_rows, assert_trivial=True)[:, None])
                 m_i = m_new
+        partition_barrier()  # (every thread's reads of the partials before the buffers are freed)
         mbarrier.arrive(merge_free, count=1)
     else:
         # (the previous item's partials read by consumer 0 first; a new barrier passes at once)
@@ -245,6 +246,7 @@ def _merged_parts(part: gl.constexpr, m_i, l_i, acc, merge, phase, split, CONSUM
             merge_m.index(part - 1).store(m_i)
             merge_l.index(part - 1).store(l_i)
             merge_acc.index(part - 1).store(acc)
+        partition_barrier()  # (every thread's stores before consumer 0 may read them)
         mbarrier.arrive(merge_ready, count=1)
     return m_i, l_i, acc
 
@@ -350,7 +352,6 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
         # P V takes P, so each tile's product reads only K from shared memory: 1.01-1.02x at 1k
         # and 4k keys (session 27, attempt 68), with registers to spare in turn (no spill).
         if SPLIT_KEYS:
-            gl.static_assert(not OVERLAP and not CAUSAL, "SPLIT_KEYS: products in turn, no causal mask")
             split = q_start + PART_M >= seqlen_q
             if split:  # every consumer on the first part's rows, from the first part's Q buffer
                 rows_0 = q_start + gl.arange(0, PART_M, layout=s_rows)
@@ -426,11 +427,8 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
     lse = gl.where(empty, -float("inf"), (m_i + gl.log2(l_safe)) * LN2)
-    stores = (first_row < seqlen_q) & (first_row + PART_M > 0)
-    if SPLIT_KEYS:
-        if part != 0:  # (in a split tile only consumer 0 stores: the others' own rows lie past the end)
-            stores = stores & (q_start + part * PART_M < seqlen_q)
-    if stores:
+    # (in a split tile, SPLIT_KEYS, only consumer 0 stores: the others' own rows lie past the end)
+    if (first_row < seqlen_q) & (first_row + PART_M > 0):
         # (rows >= 0 holds for a part that is not wholly before row 0 while the lead is whole parts;
         # the mask keeps the head before safe should it ever not be)
         gl.store(LSE_head + rows, lse, mask=(rows >= 0) & (rows < seqlen_q))
@@ -683,6 +681,8 @@ def _fwd_pingpong_kernel(
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3 or CONSUMERS == 4)
     PART_M: gl.constexpr = BLOCK_M // CONSUMERS
     gl.static_assert(PART_M * CONSUMERS == BLOCK_M)
+    gl.static_assert(not SPLIT_KEYS or (CONSUMERS == 3 and not OVERLAP and not CAUSAL),
+                     "SPLIT_KEYS: three consumers, products in turn, no causal mask")
     if PERSISTENT:
         num_items = num_m_blocks * q_desc.shape[0] * num_heads_q
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * CONSUMERS, 1, 1, PART_M, HEAD_DIM],

@@ -650,9 +650,9 @@ def forward_consumers(head_dim: int) -> int:
 
 def forward_split_keys(consumers: int, causal: bool) -> bool:
     """FORWARD_SPLIT_KEYS's entry for ``consumers`` (False where it has none), or
-    FLASHTILE_GLUON_FWD_SPLIT_KEYS where not auto; never under a causal mask or where the products
-    overlap (the kernel's SPLIT_KEYS takes neither)."""
-    if causal or FORWARD_OVERLAP.get(consumers, True):
+    FLASHTILE_GLUON_FWD_SPLIT_KEYS where not auto; three consumers only (four spill more with it,
+    two overlap their products), never under a causal mask."""
+    if causal or consumers != 3:  # (three consumers in turn: the kernel's SPLIT_KEYS takes no other)
         return False
     value = setting(name=SPLIT_KEYS_SWITCH)
     return FORWARD_SPLIT_KEYS.get(consumers, False) if value == "auto" else value == "1"
