@@ -348,9 +348,6 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
         n_live = n_tiles
         if tiles is None:
             n_live = _live_tiles(first_row, n_tiles, seqlen_q, seqlen_k, PART_M, BLOCK_N, CAUSAL)
-        # Q comes into registers once (16 a thread at d64) and S = Q Kᵀ takes it from there, as
-        # P V takes P, so each tile's product reads only K from shared memory: 1.01-1.02x at 1k
-        # and 4k keys (session 27, attempt 68), with registers to spare in turn (no spill).
         if SPLIT_KEYS:
             split = q_start + PART_M >= seqlen_q
             if split:  # every consumer on the first part's rows, from the first part's Q buffer
@@ -381,44 +378,20 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
             m_i, l_i, acc = _merged_parts(part, m_i, l_i, acc, merge, merge_phase, split, CONSUMERS, s_rows, o_layout,
                                           o_rows)
         else:
+            # Q comes into registers once (16 a thread at d64) and S = Q Kᵀ takes it from there, as
+            # P V takes P, so each tile's product reads only K from shared memory: 1.01-1.02x at 1k
+            # and 4k keys (session 27, attempt 68), with registers to spare in turn (no spill). (The
+            # same two loops as the split build's whole tiles: written out in each, since a function
+            # around them moved registers in the loader of three shipped persistent builds.)
             q_regs = q_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
             for j in range(n_live):
-                slot = (first + j) % NUM_STAGES
-                phase = ((first + j) // NUM_STAGES) & 1
-                mbarrier.wait(k_ready.index(slot), phase)
-                _stamp(Trace, 2 + 4 * gl.minimum(j, TRACE_TILES - 1), traced)
-                s = warpgroup_mma(q_regs, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
-                                  use_acc=False, is_async=True)
-                if BLOCK_N == HEAD_DIM:
-                    # Where P's operand has Q's shape, ptxas of CUDA 12.8 (Triton 3.6's) and 12.9 gave
-                    # it Q's registers and never put Q back, so every tile after the first took P as Q
-                    # (session 28: d64 on 64-key tiles with any count of consumers, d128 on 128-key
-                    # tiles; 13.4's, which Triton 3.9 compiles sm_90 with, keeps them apart). Q passed
-                    # through the wait as the product's operand stays apart (16 moves a tile); where
-                    # the shapes differ it does anyway (the SASS unchanged there).
-                    # tools/sass_operands.py checks every forward build for this.
-                    s, q_regs = warpgroup_mma_wait(0, deps=(s, q_regs))
-                else:
-                    s = warpgroup_mma_wait(0, deps=(s, ))
-                _stamp(Trace, 3 + 4 * gl.minimum(j, TRACE_TILES - 1), traced)
-                mbarrier.arrive(k_empty.index(slot), count=1)
-                s = hide_scores(s, rows, j, seqlen_q, seqlen_k, shift, diagonal, s_layout, BLOCK_N, CAUSAL, tiles,
-                                 n_masked, batch, head, mask_buffer, MASK_MOD)
-                p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale)
-                acc, p_low = _rescaled_with_operand(acc, alpha, p, o_rows, p_layout, dtype)
-                _stamp(Trace, 4 + 4 * gl.minimum(j, TRACE_TILES - 1), traced)
-                mbarrier.wait(v_ready.index(slot), phase)
-                acc = warpgroup_mma(p_low, v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-                acc, p_low = warpgroup_mma_wait(0, deps=(acc, p_low))
-                _stamp(Trace, 5 + 4 * gl.minimum(j, TRACE_TILES - 1), traced)
-                mbarrier.arrive(v_empty.index(slot), count=1)
+                q_regs, m_i, l_i, acc = _in_turn_tile(j, q_regs, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                                                      first, rows, seqlen_q, seqlen_k, shift, diagonal, qk_scale,
+                                                      tiles, n_masked, batch, head, mask_buffer, m_i, l_i, acc,
+                                                      s_zero, s_layout, o_rows, p_layout, dtype, BLOCK_N, HEAD_DIM,
+                                                      NUM_STAGES, CAUSAL, MASK_MOD, Trace, traced)
             for j in range(n_live, n_tiles):
-                slot = (first + j) % NUM_STAGES
-                phase = ((first + j) // NUM_STAGES) & 1
-                mbarrier.wait(k_ready.index(slot), phase)
-                mbarrier.arrive(k_empty.index(slot), count=1)
-                mbarrier.wait(v_ready.index(slot), phase)
-                mbarrier.arrive(v_empty.index(slot), count=1)
+                _pass_tile(j, k_ready, v_ready, k_empty, v_empty, first, NUM_STAGES)
 
     # Epilogue: rows that saw no key (l = 0) give O = 0 and LSE = -inf, as fwd.py does. A part
     # whose rows all lie outside the sequence (past its end, or before its start under LEAD_PART:
