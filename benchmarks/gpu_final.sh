@@ -94,9 +94,9 @@
 #   bash benchmarks/gpu_final.sh ncu-source  # ncu's per-instruction stalls and bank conflicts of the fused
 #                                        # backward (non-causal, causal), summarised; ~60 s
 #   bash benchmarks/gpu_final.sh ncu-fwd   # the same source view of the d64 Gluon forward (HEADDIM=...); ~60 s
-#   bash benchmarks/gpu_final.sh split-keys  # attempt 75 (session 29, written after its device time): its GPU
-#                                        # tests, probes/fwd_split_keys.py (0 against 1, spread on), the
-#                                        # timeline at 1k with both on; ~300 s
+#   bash benchmarks/gpu_final.sh split-keys  # attempt 75: its GPU tests, probes/fwd_split_keys.py (spread and
+#                                        # split keys at 00, 10, 11; ROUNDS=7), the timeline at 1k (10, 11); ~250 s
+#   bash benchmarks/gpu_final.sh spread-split  # session 30: both above in one call, split-keys tests first; ~500 s
 #   bash benchmarks/gpu_final.sh spread    # attempt 74 (session 29, written after its device time): the d64
 #                                        # forward's timeline with the one-part tiles' programs traced, then
 #                                        # probes/fwd_spread.py (0 against 1), then its GPU tests forced on; ~300 s
@@ -144,7 +144,7 @@ HEAVY_TESTS="tests/test_kernels.py tests/test_properties.py"
 GLUON_TESTS="tests/test_gluon.py tests/test_gluon_listed.py tests/test_tma.py"
 # The dense forward's GPU tests a forward kernel change touches (session 27: 480 tests, ~150 s on 12
 # workers): every d64 one, and the causal ones at the other head dims on the consumers auto picks.
-FORWARD_SELECTION="(forward_grid or three_consumers or persistent or overhang) and ((causal and not two-consumers) or d64)"
+FORWARD_SELECTION=${FORWARD_SELECTION:-"(forward_grid or three_consumers or persistent or overhang) and ((causal and not two-consumers) or d64)"}
 # The faces' test files (the calls users make: attention(), SDPA, nn modules, the checked-call cache).
 FACE_TESTS="tests/test_call_cache.py tests/test_api.py tests/test_sdpa.py tests/test_nn.py"
 case ${1:-tests} in
@@ -485,18 +485,39 @@ case ${1:-tests} in
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-spread.log"; grep -v "Warn\|warn" "$OUT/fwd-spread.log" | tail -6
     for s in 0 1; do grep "item to item" "$OUT/timeline-spread$s.log"; done
     cat "$OUT/times.txt" ;;
+  spread-split)
+    # Session 30: attempts 74 and 75 in one call, most needed first: the split-keys GPU tests (its merge
+    # had not run on a GPU), the two probes (0 against 1 each; the split one with the spread on), the
+    # timelines at 1k (spread off, on, and both on), then the spread's d64 forward GPU tests; ~500 s.
+    gluon_tests tests-split-keys.log "${TEST_LIMIT:-120}" 150 tests/test_gluon.py -m gpu \
+      -k "splits_the_keys or spread" --timeout-method=thread
+    step timeout 150 python3 benchmarks/probes/fwd_spread.py > "$OUT/fwd-spread.log" 2>&1
+    step timeout 150 python3 benchmarks/probes/fwd_split_keys.py > "$OUT/fwd-split-keys.log" 2>&1
+    for s in 00 10 11; do
+      FLASHTILE_GLUON_FWD_SPREAD=${s:0:1} FLASHTILE_GLUON_FWD_SPLIT_KEYS=${s:1:1} step timeout 45 python3 \
+        benchmarks/probes/fwd_timeline.py --seqlens 1024 --save "$OUT/stamps-$s" > "$OUT/timeline-$s.log" 2>&1
+    done
+    FLASHTILE_GLUON_FWD_SPREAD=1 gluon_tests tests-spread.log "${TEST_LIMIT:-120}" 150 tests/test_gluon.py -m gpu \
+      -k "(forward_grid or three_consumers or persistent) and d64" --timeout-method=thread
+    cat "$OUT/gpu.txt"; for f in tests-split-keys tests-spread; do tail -n 2 "$OUT/$f.log"; done
+    grep -v "Warn\|warn" "$OUT/fwd-spread.log" | tail -6; grep -v "Warn\|warn" "$OUT/fwd-split-keys.log" | tail -6
+    for s in 00 10 11; do grep "item to item" "$OUT/timeline-$s.log"; done
+    cat "$OUT/times.txt" ;;
   split-keys)
     # Attempt 75: a non-causal Q tile of one live part on all three consumers, the keys split three ways
-    # and merged in shared memory (FLASHTILE_GLUON_FWD_SPLIT_KEYS). Its GPU tests first (the merge is new
-    # code that has not run on a GPU), then the oracle and the timing with attempt 74's spread on, then
-    # the timeline at 1k with both on.
-    gluon_tests tests-split-keys.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu \
+    # and merged in shared memory (FLASHTILE_GLUON_FWD_SPLIT_KEYS). Its GPU tests first, then the oracle
+    # and the timing of (spread, split keys) at 00, 10 and 11 (probes/fwd_split_keys.py, ROUNDS rounds),
+    # then the timeline at 1k with the spread alone and with both.
+    gluon_tests tests-split-keys.log "${TEST_LIMIT:-120}" 150 tests/test_gluon.py -m gpu \
       -k "splits_the_keys or spread" --timeout-method=thread
-    step timeout 200 python3 benchmarks/probes/fwd_split_keys.py > "$OUT/fwd-split-keys.log" 2>&1
-    FLASHTILE_GLUON_FWD_SPREAD=1 FLASHTILE_GLUON_FWD_SPLIT_KEYS=1 step timeout 60 python3 \
-      benchmarks/probes/fwd_timeline.py --seqlens 1024 --save "$OUT/stamps-split" > "$OUT/timeline-split.log" 2>&1
-    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-split-keys.log"; grep -v "Warn\|warn" "$OUT/fwd-split-keys.log" | tail -6
-    grep "item to item" "$OUT/timeline-split.log"; cat "$OUT/times.txt" ;;
+    step timeout 240 python3 benchmarks/probes/fwd_split_keys.py --rounds "${ROUNDS:-7}" > "$OUT/fwd-split-keys.log" 2>&1
+    for s in 10 11; do
+      FLASHTILE_GLUON_FWD_SPREAD=${s:0:1} FLASHTILE_GLUON_FWD_SPLIT_KEYS=${s:1:1} step timeout 45 python3 \
+        benchmarks/probes/fwd_timeline.py --seqlens 1024 > "$OUT/timeline-$s.log" 2>&1
+    done
+    cat "$OUT/gpu.txt"; tail -n 2 "$OUT/tests-split-keys.log"; grep -v "Warn\|warn" "$OUT/fwd-split-keys.log" | tail -n 8
+    for s in 10 11; do grep "item to item" "$OUT/timeline-$s.log"; done
+    cat "$OUT/times.txt" ;;
   bwd-vs-graph)
     # Where the 1k backward cells' time goes (session 28 wrote it; not yet run): probes/bench_vs_graph.py
     # --backward at d64 and d128, 1k and 4k keys: hopper.backward as a CUDA graph and eagerly, the

@@ -212,40 +212,39 @@ def _pass_tile(j, k_ready, v_ready, k_empty, v_empty, first, NUM_STAGES: gl.cons
 
 
 @gluon.jit
-def _merged_parts(part: gl.constexpr, m_i, l_i, acc, merge, phase, split, CONSUMERS: gl.constexpr,
+def _merged_parts(part: gl.constexpr, m_i, l_i, acc, merge, phase, CONSUMERS: gl.constexpr,
                   s_rows: gl.constexpr, o_layout: gl.constexpr, o_rows: gl.constexpr):
-    """Under SPLIT_KEYS, at the end of every item: where ``split`` (the item's keys were split), the
-    consumers' running max, sum and O of the same rows over their own shares of the keys, merged:
-    the others hand theirs to consumer 0 through ``merge`` (shared memory: maxima, sums, O, a
-    "ready" and a "free" barrier; _merge_buffers), which rescales each to the greatest max and adds
-    them up. Every item passes the barriers, so that their phases follow the program's items
-    (``phase``: the item's, & 1). Returns consumer 0's merged (m, l, O); the others' are theirs
+    """Under SPLIT_KEYS, at the end of an item whose keys were split: the consumers' running max, sum
+    and O of the same rows over their own shares of the keys, merged: the others hand theirs to
+    consumer 0 through ``merge`` (shared memory: maxima, sums, O, a "ready" and a "free" barrier;
+    _merge_buffers), which rescales each to the greatest max and adds them up. Only split items
+    pass the barriers (``phase``: how many split items the program ran before this one, & 1): at
+    every item's end they held each consumer to the slowest, which cost the whole items ~4% of their
+    time (session 30's timeline). Returns consumer 0's merged (m, l, O); the others' are theirs
     (they store nothing from a split item)."""
     merge_m, merge_l, merge_acc, merge_ready, merge_free = merge
     if part == 0:
         mbarrier.wait(merge_ready, phase)
-        if split:
-            for other in gl.static_range(CONSUMERS - 1):
-                m_o = merge_m.index(other).load(s_rows)
-                l_o = merge_l.index(other).load(s_rows)
-                acc_o = merge_acc.index(other).load(o_layout)
-                m_new = gl.maximum(m_i, m_o)
-                m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)  # (rows no part saw a key of)
-                alpha = gl.exp2(m_i - m_safe)
-                beta = gl.exp2(m_o - m_safe)
-                l_i = l_i * alpha + l_o * beta
-                acc = (acc * gl.convert_layout(alpha, o_rows, assert_trivial=True)[:, None]
-                       + acc_o * gl.convert_layout(beta, o_rows, assert_trivial=True)[:, None])
-                m_i = m_new
+        for other in gl.static_range(CONSUMERS - 1):
+            m_o = merge_m.index(other).load(s_rows)
+            l_o = merge_l.index(other).load(s_rows)
+            acc_o = merge_acc.index(other).load(o_layout)
+            m_new = gl.maximum(m_i, m_o)
+            m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)  # (rows no part saw a key of)
+            alpha = gl.exp2(m_i - m_safe)
+            beta = gl.exp2(m_o - m_safe)
+            l_i = l_i * alpha + l_o * beta
+            acc = (acc * gl.convert_layout(alpha, o_rows, assert_trivial=True)[:, None]
+                   + acc_o * gl.convert_layout(beta, o_rows, assert_trivial=True)[:, None])
+            m_i = m_new
         partition_barrier()  # (every thread's reads of the partials before the buffers are freed)
         mbarrier.arrive(merge_free, count=1)
     else:
         # (the previous item's partials read by consumer 0 first; a new barrier passes at once)
         mbarrier.wait(merge_free, phase ^ 1)
-        if split:
-            merge_m.index(part - 1).store(m_i)
-            merge_l.index(part - 1).store(l_i)
-            merge_acc.index(part - 1).store(acc)
+        merge_m.index(part - 1).store(m_i)
+        merge_l.index(part - 1).store(l_i)
+        merge_acc.index(part - 1).store(acc)
         partition_barrier()  # (every thread's stores before consumer 0 may read them)
         mbarrier.arrive(merge_ready, count=1)
     return m_i, l_i, acc
@@ -315,7 +314,8 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     SPLIT_KEYS (in turn, not causal): a Q tile of which only the first part holds rows (the last of a
     length the tile does not divide) runs those rows on all CONSUMERS consumers, consumer c taking
     the K/V tiles j with j % CONSUMERS == c, and merges their partials (_merged_parts through
-    ``merge``, on the item's ``merge_phase``). Everything else is built as without it."""
+    ``merge``, on ``merge_phase``: the split items the program ran before, & 1). Everything else is
+    built as without it."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
     o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -364,6 +364,8 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
                                                               MASK_MOD, Trace, traced)
                     else:
                         _pass_tile(j, k_ready, v_ready, k_empty, v_empty, first, NUM_STAGES)
+                m_i, l_i, acc = _merged_parts(part, m_i, l_i, acc, merge, merge_phase, CONSUMERS, s_rows, o_layout,
+                                              o_rows)
             else:
                 q_regs = q_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
                 for j in range(n_live):
@@ -375,8 +377,6 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
                                                           traced)
                 for j in range(n_live, n_tiles):
                     _pass_tile(j, k_ready, v_ready, k_empty, v_empty, first, NUM_STAGES)
-            m_i, l_i, acc = _merged_parts(part, m_i, l_i, acc, merge, merge_phase, split, CONSUMERS, s_rows, o_layout,
-                                          o_rows)
         else:
             # Q comes into registers once (16 a thread at d64) and S = Q Kᵀ takes it from there, as
             # P V takes P, so each tile's product reads only K from shared memory: 1.01-1.02x at 1k
@@ -529,10 +529,11 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
                   group_size, seqlen_q, seqlen_k, qk_scale, ring, local, HEAD_DIM: gl.constexpr,
                   PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                  Trace, merge, SPLIT_KEYS: gl.constexpr):
+                  Trace, merge, splits, SPLIT_KEYS: gl.constexpr):
     """_persistent_consumer's work on item ``item``, its ``local``-th, as _consumer runs a
     program's rows; the item's Q buffer released once its output, staged there, has been stored.
-    Returns how many K/V tiles the item had."""
+    Returns how many K/V tiles the item had, and under SPLIT_KEYS ``splits`` (the split items
+    before it) counted on past this one."""
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
                                                               group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
                                                               num_items, PART_M)
@@ -546,9 +547,12 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
     _consumer(part, q_smem, k_smem, v_smem, q_ready.index(buffer), k_ready, v_ready, k_empty, v_empty, o_desc,
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM,
               PART_M, BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, buffer * CONSUMERS + part,
-              (local // Q_BUFFERS) & 1, ring, item_trace, traced, merge, local & 1, SPLIT_KEYS, CONSUMERS)
+              (local // Q_BUFFERS) & 1, ring, item_trace, traced, merge, splits & 1, SPLIT_KEYS, CONSUMERS)
     mbarrier.arrive(q_empty.index(buffer), count=1)  # _consumer waited for its output's store
-    return n_tiles
+    if SPLIT_KEYS:
+        # (_consumer's test of a split item: the only rows are the first part's)
+        splits += (q_start + PART_M >= seqlen_q).to(gl.int32)
+    return n_tiles, splits
 
 
 @gluon.jit
@@ -566,26 +570,31 @@ def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PAR
     merge = (merge_m, merge_l, merge_acc, merge_ready, merge_free)
     ring = 0
     local = 0
+    splits = 0  # (SPLIT_KEYS: the merge barriers' phase; stays 0 without it)
     if TileCounter is not None:
         mbarrier.wait(q_ready.index(0), 0)
         item = _read_slot(item_slots, 0)
         while item < num_items:
-            ring += _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                  v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
-                                  heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
-                                  HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                  Q_BUFFERS, Trace, merge, SPLIT_KEYS)
+            n_tiles, splits = _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                            k_empty, v_empty, o_desc, LSE, stride_lb, stride_lh, num_items,
+                                            num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q,
+                                            seqlen_k, qk_scale, ring, local, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N,
+                                            NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS, Q_BUFFERS, Trace, merge, splits,
+                                            SPLIT_KEYS)
+            ring += n_tiles
             local += 1
             buffer = local % Q_BUFFERS
             mbarrier.wait(q_ready.index(buffer), (local // Q_BUFFERS) & 1)
             item = _read_slot(item_slots, buffer)
     else:
         for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-            ring += _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                  v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
-                                  heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
-                                  HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                  Q_BUFFERS, Trace, merge, SPLIT_KEYS)
+            n_tiles, splits = _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                                            k_empty, v_empty, o_desc, LSE, stride_lb, stride_lh, num_items,
+                                            num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q,
+                                            seqlen_k, qk_scale, ring, local, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N,
+                                            NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS, Q_BUFFERS, Trace, merge, splits,
+                                            SPLIT_KEYS)
+            ring += n_tiles
             local += 1
 
 
