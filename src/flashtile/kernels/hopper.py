@@ -696,9 +696,11 @@ PERSISTENT_EARLY_KV = False
 # others only whole ones, on which the grid then ends (probes/fwd_timeline.py, session 29). The
 # largest count up to the SMs that shares no factor with the tiles a head and takes no more turns
 # (131 there: 24 items for some programs either way) gives every program each rank in turn.
-# Attempt 74, written after session 29's device time and not yet measured: off under auto.
+# Attempt 74, session 30 (probes/fwd_spread.py and fwd_split_keys.py, kernels alone in CUDA graphs,
+# two runs, 3 and 7 rounds; causal rows, which it leaves alone, read 0.99-1.03): d64 non-causal
+# 1.041 / 1.049 at 1k, 1.033 / 1.007 at 2k, 1.015 / 1.008 at 4k. On under auto.
 # FLASHTILE_GLUON_FWD_SPREAD (auto, 0, 1).
-PERSISTENT_SPREAD = False
+PERSISTENT_SPREAD = True
 SPREAD_SWITCH = "FLASHTILE_GLUON_FWD_SPREAD"
 # sm_90's shared memory a block may opt in to, and what a forward CTA takes besides its tiles (the
 # mbarriers), for forward_q_buffers.
