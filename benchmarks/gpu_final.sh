@@ -94,10 +94,7 @@
 #   bash benchmarks/gpu_final.sh ncu-source  # ncu's per-instruction stalls and bank conflicts of the fused
 #                                        # backward (non-causal, causal), summarised; ~60 s
 #   bash benchmarks/gpu_final.sh ncu-fwd   # the same source view of the d64 Gluon forward (HEADDIM=...); ~60 s
-#   bash benchmarks/gpu_final.sh split-keys  # attempt 75: its GPU tests, probes/fwd_split_keys.py (spread and
-#                                        # split keys at 00, 10, 11; ROUNDS=7), the timeline at 1k (10, 11); ~250 s
-#   bash benchmarks/gpu_final.sh spread-split  # session 30: both above in one call, split-keys tests first; ~500 s
-#   bash benchmarks/gpu_final.sh spread    # attempt 74 (session 29, written after its device time): the d64
+#   bash benchmarks/gpu_final.sh spread    # attempt 74 (on under auto since session 30): the d64
 #                                        # forward's timeline with the one-part tiles' programs traced, then
 #                                        # probes/fwd_spread.py (0 against 1), then its GPU tests forced on; ~300 s
 #   bash benchmarks/gpu_final.sh loops   # block-mask loops (attempt 22: runs of full tiles): masks.py (Flex
@@ -484,39 +481,6 @@ case ${1:-tests} in
       -k "(forward_grid or three_consumers or persistent) and d64" --timeout-method=thread
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-spread.log"; grep -v "Warn\|warn" "$OUT/fwd-spread.log" | tail -6
     for s in 0 1; do grep "item to item" "$OUT/timeline-spread$s.log"; done
-    cat "$OUT/times.txt" ;;
-  spread-split)
-    # Session 30: attempts 74 and 75 in one call, most needed first: the split-keys GPU tests (its merge
-    # had not run on a GPU), the two probes (0 against 1 each; the split one with the spread on), the
-    # timelines at 1k (spread off, on, and both on), then the spread's d64 forward GPU tests; ~500 s.
-    gluon_tests tests-split-keys.log "${TEST_LIMIT:-120}" 150 tests/test_gluon.py -m gpu \
-      -k "splits_the_keys or spread" --timeout-method=thread
-    step timeout 150 python3 benchmarks/probes/fwd_spread.py > "$OUT/fwd-spread.log" 2>&1
-    step timeout 150 python3 benchmarks/probes/fwd_split_keys.py > "$OUT/fwd-split-keys.log" 2>&1
-    for s in 00 10 11; do
-      FLASHTILE_GLUON_FWD_SPREAD=${s:0:1} FLASHTILE_GLUON_FWD_SPLIT_KEYS=${s:1:1} step timeout 45 python3 \
-        benchmarks/probes/fwd_timeline.py --seqlens 1024 --save "$OUT/stamps-$s" > "$OUT/timeline-$s.log" 2>&1
-    done
-    FLASHTILE_GLUON_FWD_SPREAD=1 gluon_tests tests-spread.log "${TEST_LIMIT:-120}" 150 tests/test_gluon.py -m gpu \
-      -k "(forward_grid or three_consumers or persistent) and d64" --timeout-method=thread
-    cat "$OUT/gpu.txt"; for f in tests-split-keys tests-spread; do tail -n 2 "$OUT/$f.log"; done
-    grep -v "Warn\|warn" "$OUT/fwd-spread.log" | tail -6; grep -v "Warn\|warn" "$OUT/fwd-split-keys.log" | tail -6
-    for s in 00 10 11; do grep "item to item" "$OUT/timeline-$s.log"; done
-    cat "$OUT/times.txt" ;;
-  split-keys)
-    # Attempt 75: a non-causal Q tile of one live part on all three consumers, the keys split three ways
-    # and merged in shared memory (FLASHTILE_GLUON_FWD_SPLIT_KEYS). Its GPU tests first, then the oracle
-    # and the timing of (spread, split keys) at 00, 10 and 11 (probes/fwd_split_keys.py, ROUNDS rounds),
-    # then the timeline at 1k with the spread alone and with both.
-    gluon_tests tests-split-keys.log "${TEST_LIMIT:-120}" 150 tests/test_gluon.py -m gpu \
-      -k "splits_the_keys or spread" --timeout-method=thread
-    step timeout 240 python3 benchmarks/probes/fwd_split_keys.py --rounds "${ROUNDS:-7}" > "$OUT/fwd-split-keys.log" 2>&1
-    for s in 10 11; do
-      FLASHTILE_GLUON_FWD_SPREAD=${s:0:1} FLASHTILE_GLUON_FWD_SPLIT_KEYS=${s:1:1} step timeout 45 python3 \
-        benchmarks/probes/fwd_timeline.py --seqlens 1024 > "$OUT/timeline-$s.log" 2>&1
-    done
-    cat "$OUT/gpu.txt"; tail -n 2 "$OUT/tests-split-keys.log"; grep -v "Warn\|warn" "$OUT/fwd-split-keys.log" | tail -n 8
-    for s in 10 11; do grep "item to item" "$OUT/timeline-$s.log"; done
     cat "$OUT/times.txt" ;;
   bwd-vs-graph)
     # Where the 1k backward cells' time goes (session 28 wrote it; not yet run): probes/bench_vs_graph.py

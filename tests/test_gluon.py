@@ -827,32 +827,6 @@ def test_spread_programs_share_no_factor_with_the_tiles_of_a_head_at_no_cost_in_
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
-def test_split_keys_go_to_non_causal_tiles_in_turn_whose_last_tile_holds_one_part(monkeypatch):
-    gluon_fwd = hopper._gluon()[0]
-    launches = []
-    monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
-    monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH, raising=False)
-    monkeypatch.setattr(hopper, "sm_count", lambda device: 7)  # a pretend GPU of 7 SMs (persistent where auto says)
-
-    def split(seqlen, head_dim=64, causal=False, setting="1"):
-        monkeypatch.setenv(hopper.SPLIT_KEYS_SWITCH, setting)
-        q, k, v, out = (torch.randn(1, 2, seqlen, head_dim, dtype=torch.bfloat16) for _ in range(4))
-        hopper.forward(q, k, v, out, 0.125, causal=causal)
-        return launches[-1][3].get("SPLIT_KEYS", False)
-
-    # d64's 192-row tiles: 1000 and 1024 rows leave 40 and 64 in the last tile (one part); 1100 leaves
-    # 140 (three parts, two live) and 1152 none
-    assert [split(n) for n in (1000, 1024, 1100, 1152, 64)] == [True, True, False, False, True]
-    assert not split(1000, causal=True)  # causal: the overhang sits in the first tile already
-    assert not split(1000, head_dim=128)  # two consumers in FlashAttention-3's order: not taken there
-    monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "4")
-    assert not split(1000)  # four consumers (more spill with it): not taken
-    monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH)
-    assert not split(1000, setting="0")
-    assert split(1000, setting="auto") is hopper.FORWARD_SPLIT_KEYS.get(3, False)
-
-
-@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 def test_spread_takes_a_program_count_coprime_with_the_tiles_where_the_last_tile_has_idle_parts(monkeypatch):
     gluon_fwd = hopper._gluon()[0]
     launches = []
@@ -1109,37 +1083,6 @@ def test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtyp
     assert all(plan.dynamic is (schedule == "dynamic") for plan in plans)
     assert all(plan.constexprs.get("EARLY_KV", False) is (early_kv and plan.constexprs["Q_BUFFERS"] == 1)
                for plan in plans)
-
-
-# A non-causal Q tile whose only rows are its first part's runs them on every consumer, each over its
-# share of the K/V tiles, merged (gluon_fwd's SPLIT_KEYS, attempt 75): lengths whose last 192-row
-# tile holds one part (1000: 40 rows, 200: 8, 64: 64, 1), against keys from one tile (17: consumers
-# 1 and 2 see no key and merge empty partials; 200: two tiles, consumer 2 sees none) to many, q longer
-# and shorter than k.
-SPLIT_SHAPES = [(1000, 1100), (200, 333), (64, 17), (1, 1023), (1000, 4096), (1000, 200)]
-
-
-@pytest.mark.gpu
-@pytest.mark.timeout(300)
-@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
-@pytest.mark.parametrize("seqlens", SPLIT_SHAPES, ids=[f"q{sq}k{sk}" for sq, sk in SPLIT_SHAPES])
-@pytest.mark.parametrize("programs", ["per-tile", "turns", "dynamic"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_gpu_gluon_forward_splits_the_keys_of_a_one_part_tile(gluon_calls, monkeypatch, seqlens, programs, dtype):
-    monkeypatch.setenv(hopper.SPLIT_KEYS_SWITCH, "1")
-    monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH, raising=False)  # d64: three consumers
-    monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0" if programs == "per-tile" else "1")
-    monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", programs == "dynamic")
-    # 5 persistent programs, so that each takes several tiles: split and whole ones in a row, both
-    # merge phases and both Q buffers
-    monkeypatch.setattr(hopper, "sm_count", lambda device: 5)
-    plans = _recorded_plans(monkeypatch)
-    sq, sk = seqlens
-    index = SPLIT_SHAPES.index(seqlens)
-    check_case(2, sq, sk, 6, [2, 3, 6][index % 3], 64, dtype, layout=["bshd", "bhsd"][index % 2])
-    assert gluon_calls, "the call did not take the Gluon forward"
-    assert plans and all(plan.constexprs.get("SPLIT_KEYS") for plan in plans), "the keys were not split"
-    assert all(bool(plan.constexprs.get("PERSISTENT")) is (programs != "per-tile") for plan in plans)
 
 
 # Under causal a head's Q tiles start the overhang's whole parts before its first row

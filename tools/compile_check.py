@@ -264,14 +264,6 @@ def gluon_variants(quick: bool):
                            gluon_fwd._fwd_pingpong_kernel,
                            dict(constexprs, PERSISTENT=True, Q_BUFFERS=1, EARLY_KV=True,
                                 **({"DYNAMIC": True} if dynamic else {})), 4)
-        # A Q tile of one live part on all three consumers, the keys split and merged (SPLIT_KEYS, attempt
-        # 75): persistent in fixed turns and on the dynamic scheduler, and a program per tile.
-        if not quick and "SPLIT_KEYS" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
-            for persistent, dynamic in [(True, False), (True, True), (False, False)]:
-                extra = dict(PERSISTENT=True, Q_BUFFERS=2, DYNAMIC=dynamic) if persistent else {}
-                yield (f"gluon fwd3 d=64 full bf16 s2 in turn{' persistent q2' if persistent else ''}"
-                       f"{' dynamic' if dynamic else ''} split keys", gluon_fwd._fwd_pingpong_kernel,
-                       dict(three, CAUSAL=False, DTYPE="bf16", SPLIT_KEYS=True, **extra), 4)
         # The consumers' timeline (Trace; probes/fwd_timeline.py)
         if not quick and "Trace" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
             yield ("gluon fwd3 d=64 full bf16 s2 in turn persistent traced", gluon_fwd._fwd_pingpong_kernel,

@@ -1,9 +1,9 @@
 """The five-product backward or the dense forward under each setting of one switch: checked, then timed in turn.
 
-What probes/dq_swizzle.py, probes/exp_poly.py, probes/fwd_spread.py and probes/fwd_split_keys.py
-share (each names its switch and settings). The forward's mode also served attempts 71-73
-(session 29), whose switches and probes were taken out after they measured no gain (in git at
-3ebe472 and 1b0faa4).
+What probes/dq_swizzle.py, probes/exp_poly.py and probes/fwd_spread.py share (each names its
+switch and settings). The forward's mode also served attempts 71-73 (session 29) and 75 (session
+30: two switches at once, a character of the setting each), whose switches and probes were taken
+out after they measured no gain (in git at 3ebe472, 1b0faa4 and c56a616).
 
 1. Under each setting, the gradients against the float64 oracle (fused_bwd.check: GQA 6:2, 1000
    queries against 1100 keys, 203 against 203, 900 against 333), causal and not, at every head dim;
@@ -46,29 +46,15 @@ def _forward(q, k, v, causal: bool):
     return out, hopper.forward(q, k, v, out, q.shape[-1] ** -0.5, causal)
 
 
-def _apply(switch: str | tuple, setting: str) -> None:
-    """Sets the environment for ``setting``: the value of ``switch``, or where ``switch`` is a tuple
-    of switches, a string of one character each (("A", "B"), "10": A=1, B=0)."""
-    if isinstance(switch, str):
-        os.environ[switch] = setting
-        return
-    if len(setting) != len(switch):
-        raise SystemExit(f"setting {setting!r}: one character for each of {', '.join(switch)} expected")
-    for name, value in zip(switch, setting):
-        os.environ[name] = value
-
-
-def check_and_time(switch: str | tuple, args: argparse.Namespace, which: str = "bwd") -> None:
-    """Steps 1 and 2 of this module's docstring for the environment variable ``switch`` (or a tuple
-    of them, each setting a character per switch: see _apply): ``which`` "bwd", the fused kernel
-    forced (FLASHTILE_GLUON_BWD_FUSED=1), or "fwd"."""
-    label = switch if isinstance(switch, str) else "+".join(switch)
+def check_and_time(switch: str, args: argparse.Namespace, which: str = "bwd") -> None:
+    """Steps 1 and 2 of this module's docstring for the environment variable ``switch``: ``which``
+    "bwd", the fused kernel forced (FLASHTILE_GLUON_BWD_FUSED=1), or "fwd"."""
     os.environ["FLASHTILE_GLUON_BWD"] = "1"
     os.environ["FLASHTILE_GLUON_BWD_FUSED"] = "1"
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
     shapes = ((1000, 1100), (203, 203), (900, 333))  # (q longer: rows that see no key)
     for setting in args.settings:
-        _apply(switch, setting)
+        os.environ[switch] = setting
         for head_dim in args.headdims:
             if which == "fwd":
                 # (and one of more Q tiles than the H200 has SMs, 1152 at d64, so that persistent
@@ -77,23 +63,23 @@ def check_and_time(switch: str | tuple, args: argparse.Namespace, which: str = "
                 cases += [(2, 1000, 1000, 96, 32, causal) for causal in (False, True)]
                 verdict = forward_verdict(_forward, cases, head_dim)
                 if verdict != "ok":
-                    raise SystemExit(f"{label}={setting}, d{head_dim}: {verdict}")
+                    raise SystemExit(f"{switch}={setting}, d{head_dim}: {verdict}")
                 continue
             for causal in (False, True):
                 for seqlen_q, seqlen_k in shapes:
                     check(head_dim, causal, seqlen_q, seqlen_k)
         what = "O and LSE" if which == "fwd" else "gradients"
-        print(f"{label}={setting}: {what} within the oracle's tolerance (d{args.headdims}, causal and not)",
+        print(f"{switch}={setting}: {what} within the oracle's tolerance (d{args.headdims}, causal and not)",
               flush=True)
     name = "forward" if which == "fwd" else "backward"
-    print(f"\n{name} TFLOP/s by {label}, kernels alone (CUDA graphs), medians of {args.rounds} rounds")
+    print(f"\n{name} TFLOP/s by {switch}, kernels alone (CUDA graphs), medians of {args.rounds} rounds")
     for head_dim in args.headdims:
         for seqlen in args.seqlens:
             for causal in (False, True):
                 times = {s: [] for s in args.settings}
                 for _ in range(args.rounds):
                     for setting in args.settings:
-                        _apply(switch, setting)
+                        os.environ[switch] = setting
                         times[setting].append(time_config(which, head_dim, seqlen, causal))
                 medians = {s: statistics.median(t) for s, t in times.items()}
                 base = medians[args.settings[0]]

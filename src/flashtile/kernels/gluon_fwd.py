@@ -40,7 +40,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .gluon_common import (accumulator_layout, hide_scores, kv_ring_barriers, kv_ring_buffers, partition_barrier,
+from .gluon_common import (accumulator_layout, hide_scores, kv_ring_barriers, kv_ring_buffers,
                            listed_q_tile_of_program, q_tile_of_program, stream_kv_tiles, tma_load, tma_store)
 
 
@@ -212,71 +212,6 @@ def _pass_tile(j, k_ready, v_ready, k_empty, v_empty, first, NUM_STAGES: gl.cons
 
 
 @gluon.jit
-def _merged_parts(part: gl.constexpr, m_i, l_i, acc, merge, phase, CONSUMERS: gl.constexpr,
-                  s_rows: gl.constexpr, o_layout: gl.constexpr, o_rows: gl.constexpr):
-    """Under SPLIT_KEYS, at the end of an item whose keys were split: the consumers' running max, sum
-    and O of the same rows over their own shares of the keys, merged: the others hand theirs to
-    consumer 0 through ``merge`` (shared memory: maxima, sums, O, a "ready" and a "free" barrier;
-    _merge_buffers), which rescales each to the greatest max and adds them up. Only split items
-    pass the barriers (``phase``: how many split items the program ran before this one, & 1): at
-    every item's end they held each consumer to the slowest, which cost the whole items ~4% of their
-    time (session 30's timeline). Returns consumer 0's merged (m, l, O); the others' are theirs
-    (they store nothing from a split item)."""
-    merge_m, merge_l, merge_acc, merge_ready, merge_free = merge
-    if part == 0:
-        mbarrier.wait(merge_ready, phase)
-        for other in gl.static_range(CONSUMERS - 1):
-            m_o = merge_m.index(other).load(s_rows)
-            l_o = merge_l.index(other).load(s_rows)
-            acc_o = merge_acc.index(other).load(o_layout)
-            m_new = gl.maximum(m_i, m_o)
-            m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)  # (rows no part saw a key of)
-            alpha = gl.exp2(m_i - m_safe)
-            beta = gl.exp2(m_o - m_safe)
-            l_i = l_i * alpha + l_o * beta
-            acc = (acc * gl.convert_layout(alpha, o_rows, assert_trivial=True)[:, None]
-                   + acc_o * gl.convert_layout(beta, o_rows, assert_trivial=True)[:, None])
-            m_i = m_new
-        partition_barrier()  # (every thread's reads of the partials before the buffers are freed)
-        mbarrier.arrive(merge_free, count=1)
-    else:
-        # (the previous item's partials read by consumer 0 first; a new barrier passes at once)
-        mbarrier.wait(merge_free, phase ^ 1)
-        merge_m.index(part - 1).store(m_i)
-        merge_l.index(part - 1).store(l_i)
-        merge_acc.index(part - 1).store(acc)
-        partition_barrier()  # (every thread's stores before consumer 0 may read them)
-        mbarrier.arrive(merge_ready, count=1)
-    return m_i, l_i, acc
-
-
-@gluon.jit
-def _merge_buffers(PART_M: gl.constexpr, HEAD_DIM: gl.constexpr, CONSUMERS: gl.constexpr,
-                   SPLIT_KEYS: gl.constexpr, stand_in):
-    """_merged_parts' shared memory under SPLIT_KEYS: (maxima, sums, O, ready, free), float32
-    partials of the CONSUMERS - 1 consumers other than the first (33 KiB at d64's three) and two
-    mbarriers (ready: one arrival per such consumer; free: consumer 0's). Without SPLIT_KEYS
-    ``stand_in`` (any shared memory the kernel has) five times, which the consumers never touch:
-    nothing is allocated (Triton 3.6 keeps an unused allocation in the build, and a None made in the
-    kernel would not pass to the partitions)."""
-    if SPLIT_KEYS:
-        # (a layout of the rank each consumer's slice has: the slices are what is loaded and stored)
-        rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        acc_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-        merge_m = gl.allocate_shared_memory(gl.float32, [CONSUMERS - 1, PART_M], rows_layout)
-        merge_l = gl.allocate_shared_memory(gl.float32, [CONSUMERS - 1, PART_M], rows_layout)
-        merge_acc = gl.allocate_shared_memory(gl.float32, [CONSUMERS - 1, PART_M, HEAD_DIM], acc_layout)
-        merge_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        merge_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(merge_ready, count=CONSUMERS - 1)
-        mbarrier.init(merge_free, count=1)
-        result = (merge_m, merge_l, merge_acc, merge_ready, merge_free)
-    else:
-        result = (stand_in, stand_in, stand_in, stand_in, stand_in)
-    return result
-
-
-@gluon.jit
 def _live_tiles(first_row, n_tiles, seqlen_q, seqlen_k, PART_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 CAUSAL: gl.constexpr):
     """How many of the Q tile's ``n_tiles`` K/V tiles a consumer of rows [first_row, +PART_M) needs.
@@ -301,8 +236,7 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, mask_buffer,
               HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr, OVERLAP: gl.constexpr, q_index, q_phase, first,
-              Trace=None, traced=False, merge=None, merge_phase=0, SPLIT_KEYS: gl.constexpr = False,
-              CONSUMERS: gl.constexpr = 2):
+              Trace=None, traced=False):
     """One warpgroup: rows [q_start + part·PART_M, +PART_M) of the Q tile, every K/V tile (or
     under MASK_MOD the block mask's list: see hide_scores). OVERLAP: S of tile j+1 issued before
     O += P_j V_j (FlashAttention-3's order; S, P and O live at once); without it each tile's two
@@ -310,12 +244,7 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     takes Q from registers, loaded once.
     A persistent program's work item: its rows in Q buffer ``q_index``, landed on q_ready's phase
     ``q_phase``, its tiles after the ``first`` that went round the K/V ring before them. ``Trace``:
-    this item's and part's TRACE_EVENTS stamps, kept where ``traced`` (see TRACE_EVENTS).
-    SPLIT_KEYS (in turn, not causal): a Q tile of which only the first part holds rows (the last of a
-    length the tile does not divide) runs those rows on all CONSUMERS consumers, consumer c taking
-    the K/V tiles j with j % CONSUMERS == c, and merges their partials (_merged_parts through
-    ``merge``, on ``merge_phase``: the split items the program ran before, & 1). Everything else is
-    built as without it."""
+    this item's and part's TRACE_EVENTS stamps, kept where ``traced`` (see TRACE_EVENTS)."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
     o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -348,50 +277,20 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
         n_live = n_tiles
         if tiles is None:
             n_live = _live_tiles(first_row, n_tiles, seqlen_q, seqlen_k, PART_M, BLOCK_N, CAUSAL)
-        if SPLIT_KEYS:
-            split = q_start + PART_M >= seqlen_q
-            if split:  # every consumer on the first part's rows, from the first part's Q buffer
-                rows_0 = q_start + gl.arange(0, PART_M, layout=s_rows)
-                q_regs = q_smem.index(q_index - part).reshape([PART_M, HEAD_DIM]).load(
-                    gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
-                for j in range(n_tiles):
-                    if j % CONSUMERS == part:
-                        q_regs, m_i, l_i, acc = _in_turn_tile(j, q_regs, k_smem, v_smem, k_ready, v_ready, k_empty,
-                                                              v_empty, first, rows_0, seqlen_q, seqlen_k, shift,
-                                                              q_start + shift, qk_scale, tiles, n_masked, batch, head,
-                                                              mask_buffer, m_i, l_i, acc, s_zero, s_layout, o_rows,
-                                                              p_layout, dtype, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
-                                                              MASK_MOD, Trace, traced)
-                    else:
-                        _pass_tile(j, k_ready, v_ready, k_empty, v_empty, first, NUM_STAGES)
-                m_i, l_i, acc = _merged_parts(part, m_i, l_i, acc, merge, merge_phase, CONSUMERS, s_rows, o_layout,
-                                              o_rows)
-            else:
-                q_regs = q_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
-                for j in range(n_live):
-                    q_regs, m_i, l_i, acc = _in_turn_tile(j, q_regs, k_smem, v_smem, k_ready, v_ready, k_empty,
-                                                          v_empty, first, rows, seqlen_q, seqlen_k, shift, diagonal,
-                                                          qk_scale, tiles, n_masked, batch, head, mask_buffer, m_i,
-                                                          l_i, acc, s_zero, s_layout, o_rows, p_layout, dtype,
-                                                          BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASK_MOD, Trace,
-                                                          traced)
-                for j in range(n_live, n_tiles):
-                    _pass_tile(j, k_ready, v_ready, k_empty, v_empty, first, NUM_STAGES)
-        else:
-            # Q comes into registers once (16 a thread at d64) and S = Q Kᵀ takes it from there, as
-            # P V takes P, so each tile's product reads only K from shared memory: 1.01-1.02x at 1k
-            # and 4k keys (session 27, attempt 68), with registers to spare in turn (no spill). (The
-            # same two loops as the split build's whole tiles: written out in each, since a function
-            # around them moved registers in the loader of three shipped persistent builds.)
-            q_regs = q_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
-            for j in range(n_live):
-                q_regs, m_i, l_i, acc = _in_turn_tile(j, q_regs, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                                                      first, rows, seqlen_q, seqlen_k, shift, diagonal, qk_scale,
-                                                      tiles, n_masked, batch, head, mask_buffer, m_i, l_i, acc,
-                                                      s_zero, s_layout, o_rows, p_layout, dtype, BLOCK_N, HEAD_DIM,
-                                                      NUM_STAGES, CAUSAL, MASK_MOD, Trace, traced)
-            for j in range(n_live, n_tiles):
-                _pass_tile(j, k_ready, v_ready, k_empty, v_empty, first, NUM_STAGES)
+        # Q comes into registers once (16 a thread at d64) and S = Q Kᵀ takes it from there, as
+        # P V takes P, so each tile's product reads only K from shared memory: 1.01-1.02x at 1k
+        # and 4k keys (session 27, attempt 68), with registers to spare in turn (no spill). (The two
+        # loops stay written out here: a function around both moved the loader's registers in
+        # three persistent builds, session 29.)
+        q_regs = q_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+        for j in range(n_live):
+            q_regs, m_i, l_i, acc = _in_turn_tile(j, q_regs, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                                                  first, rows, seqlen_q, seqlen_k, shift, diagonal, qk_scale,
+                                                  tiles, n_masked, batch, head, mask_buffer, m_i, l_i, acc,
+                                                  s_zero, s_layout, o_rows, p_layout, dtype, BLOCK_N, HEAD_DIM,
+                                                  NUM_STAGES, CAUSAL, MASK_MOD, Trace, traced)
+        for j in range(n_live, n_tiles):
+            _pass_tile(j, k_ready, v_ready, k_empty, v_empty, first, NUM_STAGES)
 
     # Epilogue: rows that saw no key (l = 0) give O = 0 and LSE = -inf, as fwd.py does. A part
     # whose rows all lie outside the sequence (past its end, or before its start under LEAD_PART:
@@ -400,7 +299,6 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
     lse = gl.where(empty, -float("inf"), (m_i + gl.log2(l_safe)) * LN2)
-    # (in a split tile, SPLIT_KEYS, only consumer 0 stores: the others' own rows lie past the end)
     if (first_row < seqlen_q) & (first_row + PART_M > 0):
         # (rows >= 0 holds for a part that is not wholly before row 0 while the lead is whole parts;
         # the mask keeps the head before safe should it ever not be)
@@ -419,16 +317,14 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
 
 @gluon.jit
 def _tile_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                   SPLIT_KEYS: gl.constexpr, CONSUMERS: gl.constexpr):
+                   NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
     """_consumer of a program per Q tile (dense, no block mask), ``shared`` what every consumer
     partition takes alike as one tuple (see _one_tile_per_program)."""
     q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch, head, q_start, \
-        seqlen_q, seqlen_k, n_tiles, qk_scale, merge_m, merge_l, merge_acc, merge_ready, merge_free = shared
+        seqlen_q, seqlen_k, n_tiles, qk_scale = shared
     _consumer(part, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
               head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM, PART_M, BLOCK_N,
-              NUM_STAGES, CAUSAL, None, OVERLAP, part, 0, 0, None, False,
-              (merge_m, merge_l, merge_acc, merge_ready, merge_free), 0, SPLIT_KEYS, CONSUMERS)
+              NUM_STAGES, CAUSAL, None, OVERLAP, part, 0, 0)
 
 
 @gluon.jit
@@ -529,11 +425,10 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
                   group_size, seqlen_q, seqlen_k, qk_scale, ring, local, HEAD_DIM: gl.constexpr,
                   PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                  Trace, merge, splits, SPLIT_KEYS: gl.constexpr):
+                  Trace):
     """_persistent_consumer's work on item ``item``, its ``local``-th, as _consumer runs a
     program's rows; the item's Q buffer released once its output, staged there, has been stored.
-    Returns how many K/V tiles the item had, and under SPLIT_KEYS ``splits`` (the split items
-    before it) counted on past this one."""
+    Returns how many K/V tiles the item had."""
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
                                                               group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
                                                               num_items, PART_M)
@@ -547,54 +442,45 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
     _consumer(part, q_smem, k_smem, v_smem, q_ready.index(buffer), k_ready, v_ready, k_empty, v_empty, o_desc,
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM,
               PART_M, BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, buffer * CONSUMERS + part,
-              (local // Q_BUFFERS) & 1, ring, item_trace, traced, merge, splits & 1, SPLIT_KEYS, CONSUMERS)
+              (local // Q_BUFFERS) & 1, ring, item_trace, traced)
     mbarrier.arrive(q_empty.index(buffer), count=1)  # _consumer waited for its output's store
-    if SPLIT_KEYS:
-        # (_consumer's test of a split item: the only rows are the first part's)
-        splits += (q_start + PART_M >= seqlen_q).to(gl.int32)
-    return n_tiles, splits
+    return n_tiles
 
 
 @gluon.jit
 def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PART_M: gl.constexpr,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr,
-                         Q_BUFFERS: gl.constexpr, TileCounter, item_slots, Trace, SPLIT_KEYS: gl.constexpr):
+                         Q_BUFFERS: gl.constexpr, TileCounter, item_slots, Trace):
     """_consumer for a persistent program: the same work items as _persistent_loader's (under the
     dynamic scheduler, read from ``item_slots`` once the item's Q buffer is ready). ``shared``: what
     every consumer partition takes alike (the kernel's ``consumer_shared``), as one tuple, so that
     each partition's entry in warp_specialize names only its part."""
     q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, stride_lb, \
         stride_lh, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, \
-        qk_scale, merge_m, merge_l, merge_acc, merge_ready, merge_free = shared
-    merge = (merge_m, merge_l, merge_acc, merge_ready, merge_free)
+        qk_scale = shared
     ring = 0
     local = 0
-    splits = 0  # (SPLIT_KEYS: the merge barriers' phase; stays 0 without it)
     if TileCounter is not None:
         mbarrier.wait(q_ready.index(0), 0)
         item = _read_slot(item_slots, 0)
         while item < num_items:
-            n_tiles, splits = _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                            k_empty, v_empty, o_desc, LSE, stride_lb, stride_lh, num_items,
-                                            num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q,
-                                            seqlen_k, qk_scale, ring, local, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N,
-                                            NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS, Q_BUFFERS, Trace, merge, splits,
-                                            SPLIT_KEYS)
-            ring += n_tiles
+            ring += _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                  v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                  heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
+                                  HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                                  Q_BUFFERS, Trace)
             local += 1
             buffer = local % Q_BUFFERS
             mbarrier.wait(q_ready.index(buffer), (local // Q_BUFFERS) & 1)
             item = _read_slot(item_slots, buffer)
     else:
         for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-            n_tiles, splits = _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                            k_empty, v_empty, o_desc, LSE, stride_lb, stride_lh, num_items,
-                                            num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q,
-                                            seqlen_k, qk_scale, ring, local, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N,
-                                            NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS, Q_BUFFERS, Trace, merge, splits,
-                                            SPLIT_KEYS)
-            ring += n_tiles
+            ring += _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                  v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
+                                  heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
+                                  HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                                  Q_BUFFERS, Trace)
             local += 1
 
 
@@ -629,7 +515,7 @@ def _fwd_pingpong_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 2, OVERLAP: gl.constexpr = True, PERSISTENT: gl.constexpr = False,
-    Q_BUFFERS: gl.constexpr = 1, EARLY_KV: gl.constexpr = False, SPLIT_KEYS: gl.constexpr = False, Trace=None,
+    Q_BUFFERS: gl.constexpr = 1, EARLY_KV: gl.constexpr = False, Trace=None,
 ):
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
@@ -653,9 +539,6 @@ def _fwd_pingpong_kernel(
     buffer the loader waits for this item's output before the next item's Q, and with EARLY_KV
     copies that item's first K/V tiles before the wait (_persistent_loader).
 
-    SPLIT_KEYS (products in turn, not causal): a Q tile whose only rows are its first part's runs
-    them on every consumer, each over a share of the keys, merged (_consumer; hopper.FORWARD_SPLIT_KEYS).
-
     Trace (persistent programs; a probe's): int64 (TRACE_PROGRAMS, TRACE_ITEMS, CONSUMERS,
     TRACE_EVENTS), zeroed, where the consumers stamp their timeline (TRACE_EVENTS); None: nothing.
     """
@@ -663,8 +546,6 @@ def _fwd_pingpong_kernel(
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3 or CONSUMERS == 4)
     PART_M: gl.constexpr = BLOCK_M // CONSUMERS
     gl.static_assert(PART_M * CONSUMERS == BLOCK_M)
-    gl.static_assert(not SPLIT_KEYS or (CONSUMERS == 3 and not OVERLAP and not CAUSAL),
-                     "SPLIT_KEYS: three consumers, products in turn, no causal mask")
     if PERSISTENT:
         num_items = num_m_blocks * q_desc.shape[0] * num_heads_q
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * CONSUMERS, 1, 1, PART_M, HEAD_DIM],
@@ -675,8 +556,6 @@ def _fwd_pingpong_kernel(
         # The dynamic scheduler's item of each Q buffer (unused, and left out of the build, without
         # TileCounter: a None made here would not pass to the partitions as a constant).
         item_slots = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        merge_m, merge_l, merge_acc, merge_ready, merge_free = _merge_buffers(PART_M, HEAD_DIM, CONSUMERS,
-                                                                              SPLIT_KEYS, q_ready)
         fence_async_shared()  # the inits visible to the TMA unit before its first copy
         # What every consumer partition takes alike, as one tuple, so that each partition's entry names
         # its part and the constexprs only. (warp_specialize passes tensors and scalars inside a tuple
@@ -684,15 +563,13 @@ def _fwd_pingpong_kernel(
         # written as a (function, arguments) pair in the list: one kept in a variable does not build.)
         consumer_shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, o_desc, LSE,
                            stride_lb, stride_lh, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size,
-                           seqlen_q, seqlen_k, qk_scale, merge_m, merge_l, merge_acc, merge_ready, merge_free)
+                           seqlen_q, seqlen_k, qk_scale)
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        SPLIT_KEYS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        SPLIT_KEYS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -701,14 +578,11 @@ def _fwd_pingpong_kernel(
         elif CONSUMERS == 3:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        SPLIT_KEYS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        SPLIT_KEYS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        SPLIT_KEYS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -717,17 +591,13 @@ def _fwd_pingpong_kernel(
         else:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        SPLIT_KEYS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        SPLIT_KEYS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        SPLIT_KEYS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_consumer, (3, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
-                                        SPLIT_KEYS)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -736,7 +606,7 @@ def _fwd_pingpong_kernel(
     else:
         _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, num_heads_q, group_size,
                               seqlen_q, seqlen_k, num_m_blocks, heads_per_group, qk_scale, HEAD_DIM, PART_M, BLOCK_M,
-                              BLOCK_N, NUM_STAGES, CAUSAL, LOADER_REGS, CONSUMER_REGS, CONSUMERS, OVERLAP, SPLIT_KEYS)
+                              BLOCK_N, NUM_STAGES, CAUSAL, LOADER_REGS, CONSUMER_REGS, CONSUMERS, OVERLAP)
 
 
 @gluon.jit
@@ -744,8 +614,7 @@ def _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride
                           seqlen_k, num_m_blocks, heads_per_group, qk_scale, HEAD_DIM: gl.constexpr,
                           PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr,
-                          CONSUMER_REGS: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr,
-                          SPLIT_KEYS: gl.constexpr):
+                          CONSUMER_REGS: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr):
     """_fwd_pingpong_kernel's body when each program runs one Q tile (not PERSISTENT)."""
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(gl.program_id(0), num_m_blocks, heads_per_group,
                                                               num_heads_q, group_size, seqlen_q, seqlen_k,
@@ -756,45 +625,32 @@ def _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride
     LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
     q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty = _pipeline_buffers(
         q_desc, k_desc, v_desc, PART_M, HEAD_DIM, BLOCK_N, NUM_STAGES, CONSUMERS)
-    # (its barriers are the consumers' alone, not the TMA unit's: no fence needed after them)
-    merge_m, merge_l, merge_acc, merge_ready, merge_free = _merge_buffers(PART_M, HEAD_DIM, CONSUMERS, SPLIT_KEYS,
-                                                                          q_ready)
 
     # What every consumer partition takes alike, as one tuple (see _fwd_pingpong_kernel's persistent
     # branch); a partition's entry adds its part and the constexprs.
     consumer_shared = (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, o_desc, LSE_head, batch,
-                       head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, merge_m, merge_l, merge_acc, merge_ready,
-                       merge_free)
+                       head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale)
     if CONSUMERS == 2:
         gl.warp_specialize([
-            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             SPLIT_KEYS, CONSUMERS)),
-            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             SPLIT_KEYS, CONSUMERS)),
+            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     elif CONSUMERS == 3:
         gl.warp_specialize([
-            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             SPLIT_KEYS, CONSUMERS)),
-            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             SPLIT_KEYS, CONSUMERS)),
-            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             SPLIT_KEYS, CONSUMERS)),
+            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             SPLIT_KEYS, CONSUMERS)),
-            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             SPLIT_KEYS, CONSUMERS)),
-            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             SPLIT_KEYS, CONSUMERS)),
-            (_tile_consumer, (3, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP,
-                             SPLIT_KEYS, CONSUMERS)),
+            (_tile_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
+            (_tile_consumer, (3, consumer_shared, HEAD_DIM, PART_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                        batch, head, head_kv, q_start, n_tiles, None, PART_M, BLOCK_N, NUM_STAGES, CONSUMERS)),
         ], [4, 4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])

@@ -629,14 +629,6 @@ FORWARD_FOUR_CONSUMER_TILES = (64, 3)
 # ptxas waits for both before the exponentials (the kernel's docstring); in turn, a warpgroup's
 # two product latencies add up, which the other warpgroups' products have to cover.
 FORWARD_OVERLAP = {2: True, 3: False, 4: False}
-# Whether a non-causal Q tile whose only rows are its first part's (the last of a length the tile
-# does not divide: 1k, 4k and 16k at d64's 192 rows) runs them on every consumer, each over its own
-# share of the K/V tiles, their partials merged in shared memory (gluon_fwd's SPLIT_KEYS), where
-# otherwise one consumer runs them alone and the others idle through every K/V tile. Attempt 75,
-# written after session 29's device time and not yet measured: off under auto (empty table), by
-# the count of consumers (products in turn only). FLASHTILE_GLUON_FWD_SPLIT_KEYS (auto, 0, 1).
-FORWARD_SPLIT_KEYS: dict = {}
-SPLIT_KEYS_SWITCH = "FLASHTILE_GLUON_FWD_SPLIT_KEYS"
 
 
 def forward_consumers(head_dim: int) -> int:
@@ -646,16 +638,6 @@ def forward_consumers(head_dim: int) -> int:
         return 2
     switch = choice(FORWARD_CONSUMERS_SWITCH, ("2", "3", "4"))
     return 3 if switch == "auto" else int(switch)
-
-
-def forward_split_keys(consumers: int, causal: bool) -> bool:
-    """FORWARD_SPLIT_KEYS's entry for ``consumers`` (False where it has none), or
-    FLASHTILE_GLUON_FWD_SPLIT_KEYS where not auto; three consumers only (four spill more with it,
-    two overlap their products), never under a causal mask."""
-    if causal or consumers != 3:  # (three consumers in turn: the kernel's SPLIT_KEYS takes no other)
-        return False
-    value = setting(name=SPLIT_KEYS_SWITCH)
-    return FORWARD_SPLIT_KEYS.get(consumers, False) if value == "auto" else value == "1"
 
 
 def _forward_consumer_tiles(consumers: int, head_dim: int, seqlen_k: int) -> tuple[int, int]:
@@ -696,8 +678,8 @@ PERSISTENT_EARLY_KV = False
 # others only whole ones, on which the grid then ends (probes/fwd_timeline.py, session 29). The
 # largest count up to the SMs that shares no factor with the tiles a head and takes no more turns
 # (131 there: 24 items for some programs either way) gives every program each rank in turn.
-# Attempt 74, session 30 (probes/fwd_spread.py and fwd_split_keys.py, kernels alone in CUDA graphs,
-# two runs, 3 and 7 rounds; causal rows, which it leaves alone, read 0.99-1.03): d64 non-causal
+# Attempt 74, session 30 (probes/fwd_spread.py, and attempt 75's probe, kernels alone in CUDA
+# graphs, two runs, 3 and 7 rounds; causal rows, which it leaves alone, read 0.99-1.03): d64 non-causal
 # 1.041 / 1.049 at 1k, 1.033 / 1.007 at 2k, 1.015 / 1.008 at 4k. On under auto.
 # FLASHTILE_GLUON_FWD_SPREAD (auto, 0, 1).
 PERSISTENT_SPREAD = True
@@ -834,15 +816,12 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
     # Spreading the programs applies only where a head's last Q tile is part-filled, on persistent
     # programs, without a causal mask; its switch is read only there, so that other calls pay no
     # environment read for it.
-    tail = q.shape[2] % (BLOCK_M // 2 * consumers)
-    spread = bool(tail and persistent_programs and not causal and _spread())
-    # (splitting a one-part tile's keys: where the last tile holds one part's rows; read only there)
-    split_keys = bool(0 < tail <= BLOCK_M // 2 and forward_split_keys(consumers, causal))
+    spread = bool(q.shape[2] % (BLOCK_M // 2 * consumers) and persistent_programs and not causal and _spread())
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
            consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_FOUR_CONSUMER_TILES,
            FORWARD_CONSUMER_REGS.get(consumers), overlap,
            CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs, SHARED_MEMORY_BYTES,
-           _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC, PERSISTENT_EARLY_KV, spread, split_keys)
+           _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC, PERSISTENT_EARLY_KV, spread)
     plan = _DENSE_FORWARD_PLANS.get(key)
     if plan is not None:
         return plan
@@ -862,8 +841,6 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
     extra = {} if consumers == 2 else {"CONSUMERS": consumers}
     if not overlap:
         extra["OVERLAP"] = False
-    if split_keys:
-        extra["SPLIT_KEYS"] = True
     programs = num_m_blocks * batch * heads_q
     if persistent_programs:
         extra.update(PERSISTENT=True, Q_BUFFERS=forward_q_buffers(head_dim, block_m, block_n, num_stages,
