@@ -57,7 +57,8 @@
 #   bash benchmarks/gpu_final.sh four       # attempt 69: the d64 forward on four consumer warpgroups: the consumers
 #                                        # probe (--four) and its GPU tests; ~450 s
 #   bash benchmarks/gpu_final.sh forward-grid # session 27's last call: the forward's GPU tests (every d64 one, the
-#                                        # causal ones at the other head dims), then the speed table's grid; ~400 s
+#                                        # causal ones at the other head dims; FORWARD_SELECTION="..." picks
+#                                        # others, as session 30's non-causal ones), then the speed table's grid; ~400 s
 #   bash benchmarks/gpu_final.sh defer-dk   # attempt 66: the fused backward's dK product in flight through the
 #                                        # consumers' meeting: its GPU tests forced on, probes/defer_dk.py; ~250 s
 #   bash benchmarks/gpu_final.sh targets    # the d128 16k cells of the cuDNN target, flashtile beside cuDNN, FA2
