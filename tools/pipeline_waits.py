@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import sys
 
+import sass_lines
 from compile_check import PLAIN, compile_variant, cuobjdump
 
 from flashtile.kernels.bwd import _bwd_dkdv_kernel, _bwd_dq_kernel
@@ -24,13 +25,11 @@ from flashtile.kernels.decode import _decode_kernel
 from flashtile.kernels.fwd import _fwd_kernel
 from flashtile.mask_mods import causal_mask
 
-SASS_LINE = re.compile(r"\s+/\*([0-9a-f]+)\*/\s+(.*)")
-
 
 def copy_loops(text: str, min_length: int = 200) -> list[tuple[int, int, list[str]]]:
     """(instructions, async copies, waits) of each backward branch's loop body that issues
     copies and is at least ``min_length`` long; waits are the DEPBAR.LE SB0 counts in order."""
-    lines = [(int(m.group(1), 16), m.group(2)) for m in map(SASS_LINE.match, text.splitlines()) if m]
+    lines = [(address, instruction) for address, instruction, _ in sass_lines.instructions(text)]
     index = {address: i for i, (address, _) in enumerate(lines)}
     found = []
     for i, (_, instruction) in enumerate(lines):

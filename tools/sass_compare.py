@@ -27,6 +27,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sass_lines  # noqa: E402  (beside this file)
 
 
 def _file_name(variant: str) -> str:
@@ -65,16 +66,10 @@ def dump(directory: str, only: str | None) -> int:
 def _instructions(path: str, masked: bool) -> list[str]:
     """The SASS instructions of a dump, without addresses and encodings; ``masked`` also hides
     constant-bank offsets and immediates."""
-    lines = []
     with open(path) as sass:
-        for line in sass:
-            if not re.match(r"\s+/\*[0-9a-f]{4,}\*/", line):  # (addresses past 0xffff have 5 digits)
-                continue
-            text = re.sub(r"/\*[0-9a-f]+\*/", "", line).split(";")[0].strip()
-            if masked:
-                text = re.sub(r"c\[0x0\]\[0x[0-9a-f]+\]", "c[PARAM]", text)
-                text = re.sub(r"0x[0-9a-f]+", "IMM", text)
-            lines.append(text)
+        lines = [text for _, text, _ in sass_lines.instructions(sass.read())]
+    if masked:
+        lines = [re.sub(r"0x[0-9a-f]+", "IMM", re.sub(r"c\[0x0\]\[0x[0-9a-f]+\]", "c[PARAM]", text)) for text in lines]
     return lines
 
 

@@ -18,12 +18,16 @@ tools/compile_check.py runs it on every dense Gluon forward it builds.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections import deque
 
-# "/*0950*/  @!P0 LDSM.16.M88.4 R100, [R7+UR17+0x2000] ;": address, predicate, opcode, operands
-_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sass_lines  # noqa: E402  (beside this file)
+
+# "@!P0 LDSM.16.M88.4 R100, [R7+UR17+0x2000]" (sass_lines' text): predicate, opcode, operands
+_FIELDS = re.compile(r"(@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)\s*(.*)")
 _REGISTER = re.compile(r"^R(\d+)$")
 _HGMMA_SHAPE = re.compile(r"HGMMA\.64x(\d+)x")
 # The A operand of an HGMMA from registers: four 32-bit registers a thread for 16-bit inputs
@@ -50,18 +54,13 @@ def _parse(sass: str) -> list[tuple]:
     """(address, predicated, opcode, operands, labels) of each instruction, ``labels`` the nvdisasm
     labels (".L_x_12") just before it: cuobjdump -sass and nvdisasm -c (sass_compare.py's dumps)
     print the same instructions, branch targets as addresses in the first and labels in the second."""
-    instructions, labels = [], []
-    for line in sass.splitlines():
-        label = re.match(r"^\s*(\.L\w+):\s*$", line)
-        if label:
-            labels.append(label.group(1))
-            continue
-        match = _LINE.search(line)
-        if match:
-            operands = match.group(4).strip()
-            instructions.append((int(match.group(1), 16), bool(match.group(2)), match.group(3),
+    instructions = []
+    for address, text, labels in sass_lines.instructions(sass):
+        fields = _FIELDS.fullmatch(text)
+        if fields:
+            operands = fields.group(3).strip()
+            instructions.append((address, bool(fields.group(1)), fields.group(2),
                                  [o.strip() for o in operands.split(",")] if operands else [], labels))
-            labels = []
     return instructions
 
 
