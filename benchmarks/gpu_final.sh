@@ -52,6 +52,9 @@
 #                                        # then the forward's GPU tests (FORWARD_SELECTION); ~300 s
 #   bash benchmarks/gpu_final.sh bwd-vs-graph  # the 1k and 4k backward cells at d64 and d128 as CUDA graphs, eagerly
 #                                        # and through the API (probes/bench_vs_graph.py --backward); ~150 s
+#   bash benchmarks/gpu_final.sh fused-persistent  # attempt 76: the five-product backward on persistent programs
+#                                        # (FLASHTILE_GLUON_BWD_PERSISTENT=1): its GPU tests and the fused ones with
+#                                        # it forced, then probes/fused_persistent.py (seven / tile / persistent); ~300 s
 #   bash benchmarks/gpu_final.sh forward39  # the forward's GPU tests and probes/fwd_in_turn_check.py under a
 #                                        # carried Triton (3.9.0 unless TRITON_VERSION), as triton39; ~300 s
 #   bash benchmarks/gpu_final.sh four       # attempt 69: the d64 forward on four consumer warpgroups: the consumers
@@ -492,6 +495,16 @@ case ${1:-tests} in
         --seqlens 1024 4096 > "$OUT/bwd-vs-graph-d$d.log" 2>&1
     done
     cat "$OUT/gpu.txt"; for d in 64 128; do grep -v "Warn\|warn" "$OUT/bwd-vs-graph-d$d.log" | tail -7; done
+    cat "$OUT/times.txt" ;;
+  fused-persistent)
+    # Attempt 76: persistent five-product programs. The probe first (its oracle checks, then seven /
+    # tile / persistent in turn, kernels alone), then the fused kernel's GPU tests with it forced on
+    # (the grid, every switch setting, the LSE gradient) beside its own test of many tiles a program.
+    step timeout "${PROBE_LIMIT:-200}" python3 benchmarks/probes/fused_persistent.py ${PROBE_ARGS:-} \
+      > "$OUT/fused-persistent.log" 2>&1
+    FLASHTILE_GLUON_BWD_PERSISTENT=1 gluon_tests tests-persistent.log "${TEST_LIMIT:-200}" 200 tests/test_gluon.py \
+      -m gpu -k "fused_backward_grid or switch_setting or persistent_programs_matches or lse_gradient"
+    cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-persistent.log"; grep -v "Warn\|warn" "$OUT/fused-persistent.log" | tail -14
     cat "$OUT/times.txt" ;;
   forward39)
     # The dense forward's GPU tests (FORWARD_SELECTION: Q in registers, four consumers) under a newer

@@ -1426,6 +1426,85 @@ def test_gpu_fused_backward_under_each_switch_setting_matches_the_oracle(fused_b
     assert len(fused_backward_calls) == 3
 
 
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@NEEDS_FUSED
+@pytest.mark.parametrize("programs", [None, 3], ids=["a-program-an-sm", "three-programs"])
+@pytest.mark.parametrize("head_dim", [64, 128, 96])
+def test_gpu_fused_backward_on_persistent_programs_matches_the_oracle(fused_backward_calls, monkeypatch, head_dim,
+                                                                      programs):
+    # Persistent programs (attempt 76) take key tile after key tile, the ring, the dS buffers'
+    # meetings and kv_ready's phase carried on, the next tile's K and V loaded once this one's are
+    # released: on one program an SM (the last case has 288 key tiles, 2-3 a program on the H200)
+    # and on three programs, each then running up to 96 tiles of unequal length (causal), a tile
+    # with no Q tile that sees it among them (q shorter than k). GQA, both layouts, rows past the
+    # end, fp16 and bf16, head dim 96 on the 128-wide kernel, against the float64 oracle.
+    monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "1")
+    monkeypatch.setattr(hopper, "FUSED_PERSISTENT_PROGRAMS", programs)
+    launches = []
+    launch = hopper.fast_launch.launch
+    monkeypatch.setattr(hopper.fast_launch, "launch", lambda kernel, grid, *args, **kw: (
+        launches.append((grid, kw.get("PERSISTENT", False))), launch(kernel, grid, *args, **kw))[1])
+    check_case(2, 700, 777, 6, 2, head_dim, torch.bfloat16)
+    check_case(1, 900, 333, 6, 2, head_dim, torch.bfloat16, causal=True, layout="bhsd")
+    check_case(1, 203, 203, 2, 1, head_dim, torch.float16, causal=True)
+    check_case(2, 300, 1100, 4, 4, head_dim, torch.bfloat16, causal=True)
+    check_case(4, 1000, 1100, 24, 8, head_dim, torch.bfloat16, layout="bhsd")
+    assert len(fused_backward_calls) == 5
+    persistent = [grid for grid, on in launches if on]
+    assert len(persistent) == 5, launches
+    if programs is not None:
+        assert all(grid == (3,) for grid in persistent), persistent
+
+
+def test_the_persistent_switch_names_what_it_takes_and_auto_follows_the_table(monkeypatch):
+    monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "often")
+    with pytest.raises(ValueError, match="FLASHTILE_GLUON_BWD_PERSISTENT: expected one of auto, 1, 0, got 'often'"):
+        hopper.fused_persistent(64, False)
+    monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "1")
+    assert hopper.fused_persistent(64, False) and hopper.fused_persistent(128, True)
+    monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "0")
+    assert not hopper.fused_persistent(64, True) and not hopper.fused_persistent(128, False)
+    monkeypatch.delenv(hopper.FUSED_PERSISTENT_SWITCH)
+    cases = [(d, causal) for d in (64, 128) for causal in (False, True)]
+    assert [hopper.fused_persistent(*case) for case in cases] == [hopper.FUSED_PERSISTENT[case] for case in cases]
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+def test_a_persistent_fused_backward_launches_a_program_an_sm_and_never_with_the_tail_split(monkeypatch):
+    # The host side (kernels stubbed): 2 batches × 2 kv heads × 16 key tiles = 64 key tiles on a
+    # pretend 5 SMs run as 5 programs with PERSISTENT, on 64 or 200 SMs as 64; a launch without it
+    # passes no PERSISTENT (its arguments and fast_launch key as before there was a choice); and
+    # where the tail split is asked for too and splits (12 key tiles of 333 keys on 5 SMs, as in
+    # the split's own test), the split wins and the launch is a program per key tile or part.
+    gluon_bwd_fused = hopper._fused_module()
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
+    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
+    launches = []
+    for name in ("_dkdv_dq_kernel", "_dq_convert", "_dkdv_parts_convert"):
+        monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name))
+    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: None)
+    batch, heads_q, heads_kv, seqlen_q = 2, 6, 2, 2048
+    q, dout, dq, out = (torch.randn(batch, heads_q, seqlen_q, 128, dtype=torch.bfloat16) for _ in range(4))
+
+    def kernel_launch(sms, persistent, tail="0", seqlen_k=2048):
+        k, v, dk, dv = (torch.randn(batch, heads_kv, seqlen_k, 128, dtype=torch.bfloat16) for _ in range(4))
+        monkeypatch.setattr(hopper, "sm_count", lambda device: sms)
+        monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, persistent)
+        monkeypatch.setenv(hopper.TAIL_SWITCH, tail)
+        launches.clear()
+        hopper.backward(q, k, v, out, dout, torch.randn(batch, heads_q, seqlen_q), None, 0.125, False, dq, dk, dv)
+        _, grid, _, const = launches[0]
+        return grid, const.get("PERSISTENT"), const["TAIL_SPLIT"]
+
+    assert kernel_launch(5, "1") == ((5,), True, False)
+    assert kernel_launch(64, "1") == ((64,), True, False)
+    assert kernel_launch(200, "1") == ((64,), True, False)
+    assert kernel_launch(5, "0") == ((64,), None, False)
+    assert kernel_launch(5, "1", tail="0", seqlen_k=333) == ((5,), True, False)
+    assert kernel_launch(5, "1", tail="1", seqlen_k=333) == ((10 + 2 * 2,), None, True)
+
+
 def test_the_defer_dk_switch_names_what_it_takes_and_auto_follows_the_table(monkeypatch):
     monkeypatch.setenv(hopper.DEFER_DK_SWITCH, "later")
     with pytest.raises(ValueError, match="FLASHTILE_GLUON_BWD_DEFER_DK: expected one of auto, 1, 0, got 'later'"):

@@ -318,6 +318,24 @@ def gluon_variants(quick: bool):
                     Q_DESCENDING=descending, TAIL_SPLIT=tail, EXP_POLY=poly,
                     HOIST_STATS=_hoist_stats(hopper, d, causal), DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2,
                     DEFER_DK=defer, **regs), 4)
+    # Its persistent programs (attempt 76), as auto would set the rest; not in trees from before them.
+    if "PERSISTENT" not in inspect.signature(hopper._fused_module()._dkdv_dq_kernel.fn).parameters:
+        return
+    persistent_cases = [(64, False, "bf16", True), (128, True, "bf16", False)] if quick else [
+        (64, False, "bf16", False), (64, True, "bf16", False), (128, False, "fp16", False), (128, True, "bf16", False),
+        (64, False, "bf16", True), (128, True, "bf16", True)]
+    for d, causal, dtype, by_ptx in persistent_cases:
+        by_ptx = by_ptx or not native
+        m, n, stages = hopper.BWD_FUSED[d]
+        descending = causal and hopper.FUSED_Q_DESCENDING.get(d, False)
+        defer = _defer_dk(hopper, d, causal)
+        yield (f"gluon fused dkdv+dq d={d} {'causal' if causal else 'full'} {dtype} s{stages}"
+               f"{' ptx-reduce' if by_ptx else ''}{' q-descending' if descending else ''}"
+               f"{' defer-dk' if defer else ''} persistent",
+               hopper._fused_module()._dkdv_dq_kernel,
+               dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, REDUCE_BY_PTX=by_ptx,
+                    Q_DESCENDING=descending, TAIL_SPLIT=False, EXP_POLY=0, HOIST_STATS=_hoist_stats(hopper, d, causal),
+                    DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2, DEFER_DK=defer, PERSISTENT=True, **regs), 4)
 
 
 def _defer_dk(hopper, head_dim: int, causal: bool) -> bool:

@@ -28,11 +28,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gluon_sweep import time_config  # noqa: E402
 
 
-def check(head_dim: int, causal: bool, seqlen_q: int = 1000, seqlen_k: int = 1100) -> None:
-    """The fused backward's gradients against the float64 oracle (GQA 6:2)."""
-    q = torch.randn(1, 6, seqlen_q, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k, v = (torch.randn(1, 2, seqlen_k, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            for _ in range(2))
+def check(head_dim: int, causal: bool, seqlen_q: int = 1000, seqlen_k: int = 1100, batch: int = 1,
+          heads: int = 6) -> None:
+    """The fused backward's gradients against the float64 oracle (GQA 3:1, ``heads`` query heads)."""
+    q = torch.randn(batch, heads, seqlen_q, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(batch, heads // 3, seqlen_k, head_dim, device="cuda", dtype=torch.bfloat16,
+                        requires_grad=True) for _ in range(2))
     dout = torch.randn_like(q)
     grads = torch.autograd.grad(flashtile.attention(q, k, v, causal=causal, layout="bhsd"), (q, k, v), dout)
     expected, plain = ([*torch.autograd.grad(flashtile.naive_attention(q, k, v, causal=causal, layout="bhsd",

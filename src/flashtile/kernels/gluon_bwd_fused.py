@@ -48,9 +48,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 
 from . import tma_reduce_ptx
-from .gluon_bwd import _dkdv_loader, _dkdv_tile, _dkdv_tile_issued, store_dkdv
+from .gluon_bwd import _dkdv_loader, _dkdv_tile, _dkdv_tile_issued, load_kv_halves, store_dkdv
 from .gluon_common import (accumulator_layout, init_q_ring_barriers, key_tile_of_program, partition_barrier,
-                           q_ring_barriers, q_ring_buffers, q_tile_start, tma_reduce_add)
+                           q_ring_barriers, q_ring_buffers, q_tile_start, read_slot, reinterpret_shared,
+                           stream_q_tiles, tma_reduce_add, tma_store, write_slot)
 
 
 @gluon.jit
@@ -70,22 +71,27 @@ def _dq_product(ds_smem, ds_full, buffer, i, k_cols0, k_cols1, dq_zero, HALF_N: 
 
 
 @gluon.jit
-def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
-                    kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc,
+def _key_tile_steps(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
+                    kv_ready, q_ready, do_ready, empty, ds_full, dq_acc_desc,
                     batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad,
-                    qk_scale, softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
+                    qk_scale, step_begin, n_steps, ring, meet, kv_phase,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                     CAUSAL: gl.constexpr, REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr,
                     EXP_POLY: gl.constexpr, HOIST_STATS: gl.constexpr, DEFER_DK: gl.constexpr):
-    """One warpgroup: dK, dV of keys [n_start + half·HALF_N, +HALF_N); dQ columns
-    [half·HEAD_DIM/2, +HEAD_DIM/2) of every streamed Q tile over the CTA's 2·HALF_N keys, staged
+    """One warpgroup's steps over one key tile: dK, dV of keys [n_start + half·HALF_N, +HALF_N)
+    (returned as (dk, dv, steps, the first key), dk and dv float32 HALF_N × HEAD_DIM) and dQ columns
+    [half·HEAD_DIM/2, +HEAD_DIM/2) of every streamed Q tile over the tile's 2·HALF_N keys, staged
     in ``dq_stage`` (BLOCK_M × HEAD_DIM/2 float32, this warpgroup's) and added through
-    ``dq_acc_desc`` (the float32 sum as (B·Hq·S_pad, HEAD_DIM), boxes of that size).
+    ``dq_acc_desc`` (the float32 sum as (B·Hq·S_pad, HEAD_DIM), boxes of that size); returns once
+    both warpgroups have met after their last dQ product, so that K's halves are read by no
+    product any more.
     With ``n_steps`` (not None), steps step_begin.. +n_steps of the program's (query head, Q
-    tile) sequence only; a program with ``part_row`` >= 0 (the kernel's TAIL_SPLIT) runs a part
-    of a key tile, and writes its dK·softmax_scale and dV in float32 to rows part_row.. of DkPart and
-    DvPart ((parts · BLOCK_N, HEAD_DIM)) for _dkdv_parts_convert to sum. EXP_POLY: how many of
-    every 4 exponentials a polynomial computes (exp2_split.py)."""
+    tile) sequence only (the kernel's TAIL_SPLIT). ``ring``, ``meet``, ``kv_phase``: what went
+    before in this program (0 for a program's one key tile; a persistent program's earlier key
+    tiles): the Q-side tiles sent round the ring, the two warpgroups' meetings at the ds_full
+    barriers (one a step and one after a tile's last), and the phase of kv_ready that this tile's
+    K and V complete. EXP_POLY: how many of every 4 exponentials a polynomial computes
+    (exp2_split.py)."""
     HALF_D: gl.constexpr = HEAD_DIM // 2
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # Sᵀ, dPᵀ: HALF_N keys × BLOCK_M queries
     kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N × HEAD_DIM
@@ -107,23 +113,23 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
     s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
     dq_zero = gl.zeros([BLOCK_M, HALF_D], gl.float32, layout=dq_layout)
 
-    mbarrier.wait(kv_ready.index(0), 0)  # dQ reads both key halves
-    mbarrier.wait(kv_ready.index(1), 0)
+    mbarrier.wait(kv_ready.index(0), kv_phase)  # dQ reads both key halves
+    mbarrier.wait(kv_ready.index(1), kv_phase)
     if n_steps is None:
         count = group_size * n_q_tiles
     else:
         count = n_steps
     for i in range(count):
-        # the sequence's step; the ring and the dS buffers count this program's steps from 0
+        # the sequence's step; the ring and the dS buffers count the program's steps
         if n_steps is None:
             it = i
         else:
             it = step_begin + i
         g = it // n_q_tiles
         m_start = q_tile_start(it - g * n_q_tiles, first_tile, n_q_tiles, BLOCK_M, Q_DESCENDING)
-        slot = i % NUM_STAGES
-        phase = (i // NUM_STAGES) & 1
-        buffer = i % 2
+        slot = (ring + i) % NUM_STAGES
+        phase = ((ring + i) // NUM_STAGES) & 1
+        buffer = (meet + i) % 2
         q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         ds_half = ds_smem.index(buffer).slice(half * HALF_N, HALF_N, dim=0)  # HALF_N keys × BLOCK_M
@@ -139,7 +145,7 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
                                                   s_zero, keys, key_first, m_start, shift, qk_scale, ds_half, HALF_N,
                                                   BLOCK_M, HEAD_DIM, CAUSAL, True, EXP_POLY=EXP_POLY,
                                                   HOIST_STATS=HOIST_STATS)
-            dq = _dq_product(ds_smem, ds_full, buffer, i, k_cols0, k_cols1, dq_zero, HALF_N)
+            dq = _dq_product(ds_smem, ds_full, buffer, meet + i, k_cols0, k_cols1, dq_zero, HALF_N)
             dq, dk, dv, p16, ds16 = warpgroup_mma_wait(0, deps=(dq, dk, dv, p16, ds16))
         else:
             run = True
@@ -151,7 +157,7 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
                                     True, EXP_POLY=EXP_POLY, HOIST_STATS=HOIST_STATS)
             else:
                 ds_half.store(s_zero.to(dtype))
-            dq = _dq_product(ds_smem, ds_full, buffer, i, k_cols0, k_cols1, dq_zero, HALF_N)
+            dq = _dq_product(ds_smem, ds_full, buffer, meet + i, k_cols0, k_cols1, dq_zero, HALF_N)
             dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(empty.index(slot), count=1)
         # The previous tile's reduction must have read the staging box; then every thread's part
@@ -164,13 +170,35 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
         row = (batch * heads_q + head_kv * group_size + g) * s_pad + m_start
         tma_reduce_add(dq_acc_desc, [row, half * HALF_D], dq_stage, REDUCE_BY_PTX)
 
-    # dK is staged in this warpgroup's K half, which the other warpgroup's dQ products read too:
-    # meet once more (the ds_full barrier's next phase) so that its last one has retired first.
-    # (Found in review: without this the faster warpgroup overwrote K under the other's last
-    # dQ product.) V's half is read by this warpgroup alone.
+    # K's halves are read by both warpgroups' dQ products: meet once more (the next ds_full
+    # barrier's phase) so that the other's last one has retired before K's buffer is staged
+    # into or reloaded. (Found in review: without this the faster warpgroup overwrote K under
+    # the other's last dQ product.) V's half is read by this warpgroup alone.
     partition_barrier()
-    mbarrier.arrive(ds_full.index(count % 2), count=1)
-    mbarrier.wait(ds_full.index(count % 2), (count // 2) & 1)
+    mbarrier.arrive(ds_full.index((meet + count) % 2), count=1)
+    mbarrier.wait(ds_full.index((meet + count) % 2), ((meet + count) // 2) & 1)
+    return dk, dv, count, key_first
+
+
+@gluon.jit
+def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage,
+                    kv_ready, q_ready, do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc,
+                    batch, head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size, heads_q, s_pad,
+                    qk_scale, softmax_scale, step_begin, n_steps, part_row, DkPart, DvPart,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                    CAUSAL: gl.constexpr, REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr,
+                    EXP_POLY: gl.constexpr, HOIST_STATS: gl.constexpr, DEFER_DK: gl.constexpr):
+    """One warpgroup of a program's key tile: its steps (_key_tile_steps), then its dK, dV.
+    A program with ``part_row`` >= 0 (the kernel's TAIL_SPLIT) runs a part of a key tile, and
+    writes its dK·softmax_scale and dV in float32 to rows part_row.. of DkPart and DvPart
+    ((parts · BLOCK_N, HEAD_DIM)) for _dkdv_parts_convert to sum."""
+    dk, dv, _, key_first = _key_tile_steps(half, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem,
+                                           dq_stage, kv_ready, q_ready, do_ready, empty, ds_full, dq_acc_desc, batch,
+                                           head_kv, n_start, seqlen_q, seqlen_k, first_tile, n_q_tiles, group_size,
+                                           heads_q, s_pad, qk_scale, step_begin, n_steps, 0, 0, 0, HEAD_DIM, BLOCK_M,
+                                           HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX, Q_DESCENDING, EXP_POLY,
+                                           HOIST_STATS, DEFER_DK)
+    kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
     # (part_row: a constexpr -1 without TAIL_SPLIT, so the branch goes at compile time)
     if part_row >= 0:  # a part of a split key tile: float32 partials, summed by _dkdv_parts_convert
         rows = part_row + half * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, kv_layout))
@@ -184,6 +212,173 @@ def _fused_consumer(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
     else:
         store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, batch, head_kv, key_first, half, softmax_scale, HALF_N,
                    HEAD_DIM)
+
+
+# A persistent program's key tile, as its loader hands it to the consumers: slots of tile_slots
+# (written before the tile's K and V are armed on kv_ready, read once they have landed; N_START
+# is -1 past the program's last tile).
+BATCH, HEAD_KV, N_START, FIRST_TILE, N_Q_TILES = (gl.constexpr(i) for i in range(5))
+TILE_SLOTS = gl.constexpr(5)
+
+
+@gluon.jit
+def _persistent_consumer(half: gl.constexpr, shared, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                         HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                         REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr, EXP_POLY: gl.constexpr,
+                         HOIST_STATS: gl.constexpr, DEFER_DK: gl.constexpr):
+    """One warpgroup of a persistent program: the key tiles its loader hands over in tile_slots,
+    each as a program's (_key_tile_steps), the ring, the meetings and kv_ready's phase carried from
+    one to the next (the coordinates come from the loader, so that this warpgroup keeps no grid
+    arithmetic in registers beside its tiles'). Once both warpgroups have met after a tile's last
+    dQ product its K and V are released (kv_empty) for the loader to copy the next tile's while
+    this one's dK and dV are stored: where a warpgroup's two fit in its dQ staging box
+    (STAGE_APART: d64, 2 × 8 KiB in 16 KiB) they are staged there, and the box's wait before the
+    next tile's first dQ stage covers their stores; else (d128) they are staged in its K and V
+    halves (store_dkdv), which are released once the stores have read them. ``shared``: what
+    both consumer partitions take alike (the kernel's), as one tuple."""
+    q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stages, kv_ready, kv_empty, q_ready, \
+        do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, tile_slots, heads_q, group_size, seqlen_q, seqlen_k, \
+        s_pad, qk_scale, softmax_scale = shared
+    dtype: gl.constexpr = k_smem.dtype
+    dq_stage = dq_stages.index(half)
+    STAGE_APART: gl.constexpr = 2 * HALF_N * HEAD_DIM * dtype.primitive_bitwidth <= BLOCK_M * HEAD_DIM // 2 * 32
+    ring = 0  # Q-side tiles sent round the ring before this key tile
+    local = 0  # key tiles this program took before it (and meetings: ring + local)
+    mbarrier.wait(kv_ready.index(0), 0)
+    n_start = read_slot(tile_slots, N_START)
+    while n_start >= 0:
+        batch = read_slot(tile_slots, BATCH)
+        head_kv = read_slot(tile_slots, HEAD_KV)
+        dk, dv, count, _ = _key_tile_steps(half, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem,
+                                           dq_stage, kv_ready, q_ready, do_ready, empty, ds_full, dq_acc_desc, batch,
+                                           head_kv, n_start, seqlen_q, seqlen_k, read_slot(tile_slots, FIRST_TILE),
+                                           read_slot(tile_slots, N_Q_TILES), group_size, heads_q, s_pad, qk_scale, 0,
+                                           None, ring, ring + local, local & 1, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES,
+                                           CAUSAL, REDUCE_BY_PTX, Q_DESCENDING, EXP_POLY, HOIST_STATS, DEFER_DK)
+        # The epilogue's coordinates read again (the slots hold them until both warpgroups release the
+        # tile), rather than kept through the steps: d64's second consumer spilled in its steps otherwise.
+        batch = read_slot(tile_slots, BATCH)
+        head_kv = read_slot(tile_slots, HEAD_KV)
+        key_first = read_slot(tile_slots, N_START) + half * HALF_N
+        if STAGE_APART:
+            mbarrier.arrive(kv_empty, count=1)  # K and V are read by no product any more
+            staging = reinterpret_shared(dq_stage, dtype, [2, 1, 1, HALF_N, HEAD_DIM], dk_desc.layout)
+            tma.store_wait(0)  # the last dQ reduction has read the box
+            staging.index(0).reshape([HALF_N, HEAD_DIM]).store((dk * softmax_scale).to(dtype))
+            staging.index(1).reshape([HALF_N, HEAD_DIM]).store(dv.to(dtype))
+            fence_async_shared()
+            tma_store(dk_desc, [batch, head_kv, key_first, 0], staging.index(0))
+            tma_store(dv_desc, [batch, head_kv, key_first, 0], staging.index(1))
+        else:
+            store_dkdv(dk, dv, k_smem, v_smem, dk_desc, dv_desc, batch, head_kv, key_first, half, softmax_scale,
+                       HALF_N, HEAD_DIM)
+            partition_barrier()  # every thread past the stores' wait before the one arrival
+            mbarrier.arrive(kv_empty, count=1)
+        ring += count
+        local += 1
+        mbarrier.wait(kv_ready.index(0), local & 1)
+        n_start = read_slot(tile_slots, N_START)
+    tma.store_wait(0)  # the last stores have read their staging before the CTA ends
+
+
+@gluon.jit
+def _persistent_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+                       lse_smem, delta_smem, kv_ready, kv_empty, q_ready, do_ready, empty, tile_slots, heads_q,
+                       heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, num_items,
+                       HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                       Q_DESCENDING: gl.constexpr):
+    """The loader warp of a persistent program (gluon_bwd._dkdv_loader's copies, key tile after
+    key tile: pid, pid + programs, ... of the grid's order, key_tile_of_program): each tile's first
+    NUM_STAGES Q-side tiles go round the ring as the previous tile's last steps free its slots,
+    before the wait for that tile's K and V to be released (kv_empty); then its coordinates into
+    tile_slots, its K and V, and the rest of its Q-side tiles. After the last tile, N_START = -1
+    and kv_ready completed without a copy."""
+    ring = 0
+    local = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
+            item, num_n_blocks, heads_per_group, heads_kv, seqlen_q, seqlen_k, BLOCK_M, 2 * HALF_N, CAUSAL)
+        count = group_size * n_q_tiles
+        early = gl.minimum(count, NUM_STAGES)
+        stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready,
+                       do_ready, empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
+                       BLOCK_M, NUM_STAGES, Q_DESCENDING, 0, early, ring)
+        mbarrier.wait(kv_empty, (local & 1) ^ 1)  # a fresh barrier passes at once
+        # (the consumers read the slots once kv_ready completes, whose arrival releases these stores)
+        write_slot(tile_slots, BATCH, batch)
+        write_slot(tile_slots, HEAD_KV, head_kv)
+        write_slot(tile_slots, N_START, n_start)
+        write_slot(tile_slots, FIRST_TILE, first_tile)
+        write_slot(tile_slots, N_Q_TILES, n_q_tiles)
+        load_kv_halves(k_desc, v_desc, k_smem, v_smem, kv_ready, batch, head_kv, n_start, HALF_N)
+        stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready,
+                       do_ready, empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
+                       BLOCK_M, NUM_STAGES, Q_DESCENDING, early, count - early, ring + early)
+        ring += count
+        local += 1
+    mbarrier.wait(kv_empty, (local & 1) ^ 1)
+    write_slot(tile_slots, N_START, -1)
+    mbarrier.arrive(kv_ready.index(0), count=1)
+
+
+@gluon.jit
+def _fused_shared(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_acc_desc, HEAD_DIM: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """_dkdv_dq_kernel's shared memory, allocated, its barriers initialised (the caller fences):
+    the Q-side ring and K, V halves (q_ring_buffers), two dSᵀ buffers (BLOCK_N keys × BLOCK_M
+    queries), each consumer warpgroup's dQ staging box (BLOCK_M × HEAD_DIM/2 float32), kv_ready
+    (a key half's K and V landed), the ring's barriers and ds_full (both warpgroups' dSᵀ stored)."""
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem = q_ring_buffers(
+        q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, HALF_N, HEAD_DIM, NUM_STAGES, True)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+    dq_stage = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_acc_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready, do_ready, empty = q_ring_barriers(NUM_STAGES)
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(ds_full.index(i), count=2)  # one arrival per consumer warpgroup
+    init_q_ring_barriers(q_ready, do_ready, empty, NUM_STAGES)
+    return q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage, kv_ready, q_ready, do_ready, \
+        empty, ds_full
+
+
+@gluon.jit
+def _persistent_programs(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_acc_desc,
+                         heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad,
+                         qk_scale, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr,
+                         CONSUMER_REGS: gl.constexpr, REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr,
+                         EXP_POLY: gl.constexpr, HOIST_STATS: gl.constexpr, DEFER_DK: gl.constexpr):
+    """_dkdv_dq_kernel's PERSISTENT body: the same buffers and barriers as a program per key tile,
+    and kv_empty (both consumer warpgroups arrive once a key tile's K and V are free)."""
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    num_items = num_n_blocks * q_desc.shape[0] * heads_kv
+    q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage, kv_ready, q_ready, do_ready, empty, \
+        ds_full = _fused_shared(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_acc_desc, HEAD_DIM, BLOCK_M,
+                                BLOCK_N, NUM_STAGES)
+    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_empty, count=2)  # one arrival per consumer warpgroup
+    tile_slots = gl.allocate_shared_memory(gl.int32, [TILE_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    fence_async_shared()
+    # (what both consumers take alike, as one tuple; each warp_specialize entry must be written out
+    # as a (function, arguments) pair: see gluon_fwd._fwd_pingpong_kernel)
+    shared = (q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage, kv_ready, kv_empty, q_ready,
+              do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, tile_slots, heads_q, group_size, seqlen_q,
+              seqlen_k, s_pad, qk_scale, softmax_scale)
+    gl.warp_specialize([
+        (_persistent_consumer, (0, shared, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX, Q_DESCENDING,
+                                EXP_POLY, HOIST_STATS, DEFER_DK)),
+        (_persistent_consumer, (1, shared, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX, Q_DESCENDING,
+                                EXP_POLY, HOIST_STATS, DEFER_DK)),
+        (_persistent_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+                              lse_smem, delta_smem, kv_ready, kv_empty, q_ready, do_ready, empty, tile_slots,
+                              heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group,
+                              num_items, HALF_N, BLOCK_M, NUM_STAGES, CAUSAL, Q_DESCENDING)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 def _entry_name(specialization) -> str:
@@ -201,6 +396,7 @@ def _dkdv_dq_kernel(
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     REDUCE_BY_PTX: gl.constexpr = False, Q_DESCENDING: gl.constexpr = False, TAIL_SPLIT: gl.constexpr = False,
     EXP_POLY: gl.constexpr = 0, HOIST_STATS: gl.constexpr = False, DEFER_DK: gl.constexpr = False,
+    PERSISTENT: gl.constexpr = False,
 ):
     """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile of one kv head, and its share of dQ added
     into the float32 sum behind ``dq_acc_desc`` ((B·Hq·S_pad, HEAD_DIM), zeroed, boxes of
@@ -219,10 +415,21 @@ def _dkdv_dq_kernel(
     (split tiles · splits · BLOCK_N, HEAD_DIM)), which _dkdv_parts_convert sums. Key tile of
     program n_whole + r: n_whole + r // splits, in the plain order (heads_per_group = 1). Without
     it the launch passes 0, 1, None, None for those four (positional, so that fast_launch keys
-    the partials by dtype and alignment, not by the tensors)."""
+    the partials by dtype and alignment, not by the tensors).
+
+    ``PERSISTENT`` (hopper.fused_persistent; not with TAIL_SPLIT): a grid of fewer programs (one a
+    SM), each taking the key tiles pid, pid + programs, ... of the order above: the CTA's start is
+    paid once per program, and the next tile's K, V and first Q-side tiles load while this one's
+    last steps and epilogue run (_persistent_loader, _persistent_consumer)."""
     gl.static_assert(num_warps == 4)
+    gl.static_assert(not (PERSISTENT and TAIL_SPLIT))
     HALF_N: gl.constexpr = BLOCK_N // 2
-    dtype: gl.constexpr = q_desc.dtype
+    if PERSISTENT:
+        _persistent_programs(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_acc_desc,
+                             heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad,
+                             qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, LOADER_REGS,
+                             CONSUMER_REGS, REDUCE_BY_PTX, Q_DESCENDING, EXP_POLY, HOIST_STATS, DEFER_DK)
+        return
     if TAIL_SPLIT:
         r = gl.program_id(0) - n_whole  # >= 0: a part, the r-th of the split parts
         tile = gl.minimum(gl.program_id(0), n_whole) + gl.maximum(r, 0) // splits
@@ -242,18 +449,9 @@ def _dkdv_dq_kernel(
         n_steps: gl.constexpr = None
         part_row: gl.constexpr = -1
 
-    q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem = q_ring_buffers(
-        q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, BLOCK_M, HALF_N, HEAD_DIM, NUM_STAGES, True)
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
-    dq_stage = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_acc_desc.layout)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_ready, do_ready, empty = q_ring_barriers(NUM_STAGES)
-    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(kv_ready.index(i), count=1)
-        mbarrier.init(ds_full.index(i), count=2)  # one arrival per consumer warpgroup
-    init_q_ring_barriers(q_ready, do_ready, empty, NUM_STAGES)
+    q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stage, kv_ready, q_ready, do_ready, empty, \
+        ds_full = _fused_shared(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_acc_desc, HEAD_DIM, BLOCK_M,
+                                BLOCK_N, NUM_STAGES)
     fence_async_shared()
 
     gl.warp_specialize([

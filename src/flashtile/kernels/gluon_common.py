@@ -22,12 +22,33 @@ else:
 # Triton 3.6 calls the barrier of a partition's threads thread_barrier, 3.9 barrier.
 partition_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 
+# A shared-memory buffer seen as another dtype, shape and layout (the same bytes): 3.6 has it as
+# the descriptor's _reinterpret, 3.9 as reinterpret; called as reinterpret_shared(buffer, dtype,
+# shape, layout).
+_descriptor_type = gl.shared_memory_descriptor
+reinterpret_shared = getattr(_descriptor_type, "reinterpret", None) or _descriptor_type._reinterpret
+
 # TMA bulk reductions into global memory (cp.reduce.async.bulk.tensor): Gluon has them from
 # Triton 3.8 on; gluon_bwd_fused.py adds dQ with them (tma_reduce_add).
 HAS_TMA_REDUCE = hasattr(tma, "async_atomic_add")
 # (Gluon's reduction, or a stand-in that BY_PTX never reaches: Triton reads every name a kernel
 # uses when it first builds it, the untaken branch's too.)
 _tma_atomic_add = tma.async_atomic_add if HAS_TMA_REDUCE else tma_store
+
+
+@gluon.jit
+def write_slot(slots, index, value):
+    """The int32 ``value`` into slot ``index`` of ``slots`` ([n, 1] int32 shared memory), from
+    every thread of the partition (the same value)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    slots.index(index).store(gl.full([1], value, gl.int32, layout=layout))
+
+
+@gluon.jit
+def read_slot(slots, index):
+    """Slot ``index`` of ``slots`` ([n, 1] int32 shared memory), a scalar in every thread."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    return gl.max(slots.index(index).load(layout), axis=0)
 
 
 @gluon.jit
@@ -309,17 +330,19 @@ def q_tile_start(t, first_tile, n_q_tiles, BLOCK_M: gl.constexpr, DESCENDING: gl
 def stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready,
                    empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
                    BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, DESCENDING: gl.constexpr = False,
-                   step_begin=0, n_steps=None):
+                   step_begin=0, n_steps=None, ring=0):
     """The loader's loop of the dK/dV kernels: (Q, lse2) and (dO, Delta) of Q tiles
     first_tile.. of every query head of kv head ``head_kv``'s group (with DESCENDING the last
     tile first: q_tile_start), tile ``it`` into ring slot it % NUM_STAGES once the consumers
     have released the slot (its "empty" barrier). With ``n_steps``, only steps step_begin..
     +n_steps of that sequence (a program that runs part of a key tile's Q tiles: gluon_bwd_fused's
-    tail split), the ring counted from the first of them."""
+    tail split, or a persistent program's key tile in two pieces), the ring counted from the
+    first of them, after the ``ring`` tiles that went round it before (a persistent program's
+    earlier key tiles)."""
     # Counters carried through the loop instead of divisions: slot/phase of the ring, the
     # Q tile within the head (m_start) and the head of the group (row of the stats buffers).
-    slot = 0
-    phase = 0
+    slot = ring % NUM_STAGES
+    phase = (ring // NUM_STAGES) & 1
     step: gl.constexpr = -BLOCK_M if DESCENDING else BLOCK_M
     m_first = (n_q_blocks - 1) * BLOCK_M if DESCENDING else first_tile * BLOCK_M
     m_past = (first_tile - 1) * BLOCK_M if DESCENDING else n_q_blocks * BLOCK_M

@@ -378,6 +378,21 @@ FUSED_DEFER_DK = {(64, False): True, (64, True): True, (128, False): False, (128
 DEFER_DK_SWITCH = "FLASHTILE_GLUON_BWD_DEFER_DK"
 
 
+# Whether the five-product backward runs persistent programs (gluon_bwd_fused's PERSISTENT: one a
+# SM, each taking key tiles pid, pid + programs, ...), by (kernel head dim, causal). A program per
+# key tile pays a fixed cost each: the CTA's start, its K and V and first Q-side tiles loaded with
+# nothing running beside them, its dK and dV stored the same way. Session 21 fitted it at 1.2
+# steps of 128 queries at d64 and 1.9 of 64 at d128 (probes/fused_program_cost.py): 13% of a d64
+# 1k key tile's 8 steps, where persistent programs load the next tile's K, V and first Q-side
+# tiles during this one's last steps and epilogue. Attempt 76: written in session 31, off until
+# timed on the H200. FLASHTILE_GLUON_BWD_PERSISTENT (auto, 0, 1) sets it for every call;
+# FUSED_PERSISTENT_PROGRAMS caps the programs (None: the SMs; the tests take a few, so that each
+# runs many key tiles).
+FUSED_PERSISTENT = {(64, False): False, (64, True): False, (128, False): False, (128, True): False}
+FUSED_PERSISTENT_SWITCH = "FLASHTILE_GLUON_BWD_PERSISTENT"
+FUSED_PERSISTENT_PROGRAMS: int | None = None
+
+
 def _fused_table_setting(switch: str, table: dict, head_dim: int, causal: bool) -> bool:
     """Under ``switch`` auto, ``table``'s entry for (``head_dim``, ``causal``) (False where it has
     none); else the switch's 1 or 0."""
@@ -395,6 +410,12 @@ def fused_hoist_stats(head_dim: int, causal: bool) -> bool:
     """FUSED_HOIST_STATS's entry for (``head_dim``, ``causal``), or FLASHTILE_GLUON_BWD_HOIST_STATS
     where not auto."""
     return _fused_table_setting(HOIST_STATS_SWITCH, FUSED_HOIST_STATS, head_dim, causal)
+
+
+def fused_persistent(head_dim: int, causal: bool) -> bool:
+    """FUSED_PERSISTENT's entry for (``head_dim``, ``causal``), or FLASHTILE_GLUON_BWD_PERSISTENT
+    where not auto."""
+    return _fused_table_setting(FUSED_PERSISTENT_SWITCH, FUSED_PERSISTENT, head_dim, causal)
 
 
 def fused_exp_poly(head_dim: int) -> int:
@@ -1192,6 +1213,12 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     programs = num_n_blocks * batch * heads_kv
     split = _takes_tail_split(q, causal, programs, group * cdiv(seqlen_q, block_m))
     tail = (0, 1, None, None)  # (n_whole, splits, DkPart, DvPart): no split
+    # (PERSISTENT passed only when on: the launch of a program per key tile keeps its arguments
+    # and fast_launch key)
+    extra = {}
+    if split is None and fused_persistent(head_dim, causal):
+        extra["PERSISTENT"] = True
+        programs = min(programs, FUSED_PERSISTENT_PROGRAMS or sm_count(q.device))
     if split is not None:
         n_whole, splits = split
         parts = (programs - n_whole) * splits
@@ -1209,7 +1236,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, REDUCE_BY_PTX=by_ptx,
         Q_DESCENDING=causal and FUSED_Q_DESCENDING.get(head_dim, False), TAIL_SPLIT=split is not None,
         EXP_POLY=fused_exp_poly(head_dim), HOIST_STATS=fused_hoist_stats(head_dim, causal),
-        DEFER_DK=fused_defer_dk(head_dim, causal), check=check,
+        DEFER_DK=fused_defer_dk(head_dim, causal), check=check, **extra,
     )
     if split is not None:
         rows = 64

@@ -1,0 +1,75 @@
+"""The five-product backward on persistent programs against a program per key tile and the seven-product kernels.
+
+    python benchmarks/probes/fused_persistent.py [--headdims 64 128] [--seqlens 1024 2048 4096] [--rounds 3]
+
+Attempt 76 (FLASHTILE_GLUON_BWD_PERSISTENT, gluon_bwd_fused's PERSISTENT). A program per key tile
+pays a fixed cost each (the CTA's start, its K, V and first Q-side tiles loaded with nothing beside
+them, its dK and dV stored the same way), fitted at 1.2 steps at d64 and 1.9 at d128 in session 21
+(probes/fused_program_cost.py): 13% of a d64 1k key tile's 8 steps. Persistent programs (one an SM,
+key tiles pid, pid + programs, ...) load the next tile's K, V and first Q-side tiles while this one's
+last steps and epilogue run. Predicted: +5-8% at d64 1k, +2-4% at 2k-4k, nothing past; the causal
+1k cells, where auto runs the seven-product kernels, may then pass them.
+
+1. With it forced on (and the fused kernel), the gradients against the float64 oracle: fused_bwd.check's
+   GQA cases, causal and not, and one of 288 key tiles (2-3 a program on 132 SMs).
+2. The kernels alone (CUDA graphs, gluon_sweep.time_config: B·N = 16k tokens, H = 2048 / d, bf16),
+   the settings in turn each round: "seven" (FLASHTILE_GLUON_BWD_FUSED=0), "tile" (the fused kernel,
+   a program per key tile), "persistent"; medians, TFLOP/s, each ratio to "tile" and to "seven".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+from flashtile.kernels import hopper
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fused_bwd import check  # noqa: E402
+from gluon_sweep import time_config  # noqa: E402
+
+SETTINGS = {
+    "seven": {hopper.FUSED_SWITCH: "0", hopper.FUSED_PERSISTENT_SWITCH: "0"},
+    "tile": {hopper.FUSED_SWITCH: "1", hopper.FUSED_PERSISTENT_SWITCH: "0"},
+    "persistent": {hopper.FUSED_SWITCH: "1", hopper.FUSED_PERSISTENT_SWITCH: "1"},
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--headdims", nargs="+", type=int, default=[64, 128])
+    parser.add_argument("--seqlens", nargs="+", type=int, default=[1024, 2048, 4096])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    os.environ["FLASHTILE_GLUON_BWD"] = "1"
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
+    os.environ.update(SETTINGS["persistent"])
+    for head_dim in args.headdims:
+        for causal in (False, True):
+            for seqlen_q, seqlen_k in ((1000, 1100), (203, 203), (900, 333)):
+                check(head_dim, causal, seqlen_q, seqlen_k)
+            check(head_dim, causal, 1000, 1100, batch=4, heads=24)
+    print(f"persistent: gradients within the oracle's tolerance (d{args.headdims}, causal and not)", flush=True)
+    print(f"\nbackward TFLOP/s, kernels alone (CUDA graphs), medians of {args.rounds} rounds; "
+          "ratios: persistent / tile, persistent / seven")
+    for head_dim in args.headdims:
+        for seqlen in args.seqlens:
+            for causal in (False, True):
+                times = {name: [] for name in SETTINGS}
+                for _ in range(args.rounds):
+                    for name, env in SETTINGS.items():
+                        os.environ.update(env)
+                        times[name].append(time_config("bwd", head_dim, seqlen, causal))
+                medians = {name: statistics.median(t) for name, t in times.items()}
+                cells = "  ".join(f"{name} {medians[name]:5.0f}" for name in SETTINGS)
+                print(f"d{head_dim:<4d} N={seqlen:<6d} {'causal' if causal else 'full  '}  {cells}  "
+                      f"{medians['persistent'] / medians['tile']:5.3f}  {medians['persistent'] / medians['seven']:5.3f}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
