@@ -497,13 +497,15 @@ case ${1:-tests} in
     cat "$OUT/gpu.txt"; for d in 64 128; do grep -v "Warn\|warn" "$OUT/bwd-vs-graph-d$d.log" | tail -7; done
     cat "$OUT/times.txt" ;;
   fused-persistent)
-    # Attempt 76: persistent five-product programs. The probe first (its oracle checks, then seven /
-    # tile / persistent in turn, kernels alone), then the fused kernel's GPU tests with it forced on
-    # (the grid, every switch setting, the LSE gradient) beside its own test of many tiles a program.
-    step timeout "${PROBE_LIMIT:-200}" python3 benchmarks/probes/fused_persistent.py ${PROBE_ARGS:-} \
+    # Attempt 76: persistent five-product programs. The fused kernel's GPU tests with it forced on (the
+    # grid, every switch setting, the LSE gradient) beside its own test of many tiles a program, which
+    # build the variants; then the probe (its oracle checks, then seven / tile / persistent in turn,
+    # kernels alone). Session 31's first call ran the probe first: its builds on a cold machine took
+    # the whole 200 s.
+    FLASHTILE_GLUON_BWD_PERSISTENT=1 gluon_tests tests-persistent.log "${TEST_LIMIT:-230}" 200 tests/test_gluon.py \
+      -m gpu -k "${PERSISTENT_SELECTION:-fused_backward_grid or switch_setting or persistent_programs_matches or lse_gradient}"
+    step timeout "${PROBE_LIMIT:-250}" python3 benchmarks/probes/fused_persistent.py ${PROBE_ARGS:-} \
       > "$OUT/fused-persistent.log" 2>&1
-    FLASHTILE_GLUON_BWD_PERSISTENT=1 gluon_tests tests-persistent.log "${TEST_LIMIT:-200}" 200 tests/test_gluon.py \
-      -m gpu -k "fused_backward_grid or switch_setting or persistent_programs_matches or lse_gradient"
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-persistent.log"; grep -v "Warn\|warn" "$OUT/fused-persistent.log" | tail -14
     cat "$OUT/times.txt" ;;
   forward39)

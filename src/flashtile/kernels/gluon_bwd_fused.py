@@ -296,8 +296,9 @@ def _persistent_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_
     ring = 0
     local = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        # (the grid's key tiles, not the launch's programs, decide where a group of heads ends)
         batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
-            item, num_n_blocks, heads_per_group, heads_kv, seqlen_q, seqlen_k, BLOCK_M, 2 * HALF_N, CAUSAL)
+            item, num_n_blocks, heads_per_group, heads_kv, seqlen_q, seqlen_k, BLOCK_M, 2 * HALF_N, CAUSAL, num_items)
         count = group_size * n_q_tiles
         early = gl.minimum(count, NUM_STAGES)
         stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready,

@@ -209,14 +209,15 @@ def listed_q_tile_of_program(pid, num_m_blocks, heads_q, KvIdx, KvPartial, KvCou
 
 @gluon.jit
 def key_tile_of_program(pid, num_n_blocks, heads_per_group, heads_kv, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr,
-                        BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+                        BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, num_programs=None):
     """(batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks) of program ``pid`` of a
     dK/dV kernel: key tiles fastest in the grid (with ``heads_per_group`` > 1, groups of that
     many B·Hkv rows, rows fastest within a group: tile_and_row_of_program; under CAUSAL the
     first key tiles, seen from the most Q tiles, start first); the Q tiles of BLOCK_M rows its
     keys are seen from are first_tile.. (n_q_tiles of the head's n_q_blocks; under CAUSAL,
-    bottom-right aligned, the first with a row that sees key n_start)."""
-    block_n, bh = tile_and_row_of_program(pid, num_n_blocks, heads_per_group)
+    bottom-right aligned, the first with a row that sees key n_start). ``num_programs``: the
+    grid's key tiles where they are not the launch's programs (a persistent kernel's)."""
+    block_n, bh = tile_and_row_of_program(pid, num_n_blocks, heads_per_group, num_programs)
     batch = bh // heads_kv
     head_kv = bh % heads_kv
     n_start = block_n * BLOCK_N
