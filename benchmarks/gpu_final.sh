@@ -52,6 +52,9 @@
 #                                        # then the forward's GPU tests (FORWARD_SELECTION); ~300 s
 #   bash benchmarks/gpu_final.sh bwd-vs-graph  # the 1k and 4k backward cells at d64 and d128 as CUDA graphs, eagerly
 #                                        # and through the API (probes/bench_vs_graph.py --backward); ~150 s
+#   bash benchmarks/gpu_final.sh bwd-1k     # session 31's last call: the persistent five-product GPU tests, the
+#                                        # backward's auto-dispatch and replay tests, then flashtile bench's 1k
+#                                        # cells at d64 and d128 beside FA2 and cuDNN in 3 rounds; ~250 s
 #   bash benchmarks/gpu_final.sh fused-persistent  # attempt 76: the five-product backward on persistent programs
 #                                        # (FLASHTILE_GLUON_BWD_PERSISTENT=1): its GPU tests and the fused ones with
 #                                        # it forced, then probes/fused_persistent.py (seven / tile / persistent); ~300 s
@@ -495,6 +498,16 @@ case ${1:-tests} in
         --seqlens 1024 4096 > "$OUT/bwd-vs-graph-d$d.log" 2>&1
     done
     cat "$OUT/gpu.txt"; for d in 64 128; do grep -v "Warn\|warn" "$OUT/bwd-vs-graph-d$d.log" | tail -7; done
+    cat "$OUT/times.txt" ;;
+  bwd-1k)
+    # Attempt 76 under auto (persistent five-product programs at 1k rows but causal d128, the fused
+    # kernel for d64 causal at every length): its GPU tests of many tiles a program and the backward's
+    # auto dispatch, then the 1k cells beside FA2 and cuDNN, the providers in turn each round.
+    gluon_tests tests-bwd-1k.log "${TEST_LIMIT:-120}" 120 tests/test_gluon.py -m gpu \
+      -k "persistent_programs_matches or by_default or replay or lse_gradient"
+    step timeout "${BENCH_LIMIT:-200}" python3 -m flashtile bench --headdims 64 128 --seqlens 1k --rounds 3 \
+      --providers flashtile sdpa-flash sdpa-cudnn --json "$OUT/bench-1k.json" > "$OUT/bench-1k.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-bwd-1k.log"; grep -v "Warn\|warn" "$OUT/bench-1k.log" | tail -24
     cat "$OUT/times.txt" ;;
   fused-persistent)
     # Attempt 76: persistent five-product programs. The fused kernel's GPU tests with it forced on (the

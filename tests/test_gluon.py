@@ -416,6 +416,7 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     grouping = hopper.causal_heads_per_group
     monkeypatch.setattr(hopper, "causal_heads_per_group",
                         lambda *args, **kwargs: (streams.append(kwargs["streams_for"]), grouping(*args, **kwargs))[1])
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 132)  # (an H200's, for persistent programs)
     hopper.backward(q, k, v, out, dout, lse, None, head_dim ** -0.5, True, dq, dk, dv)
     # the group's Q and dO, and the dQ sum's float32 rows of those heads: as many bytes again
     assert streams == [2 * (heads_q // heads_kv)]
@@ -448,7 +449,9 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     assert dq_sum.shape == (batch * heads_q * s_pad, width) and dq_sum.dtype == torch.float32
     assert not dq_sum.any() and sum_desc.block_shape == [m, width // 2]
     num_n_blocks = triton.cdiv(seqlen_k, n)
-    assert grid == (num_n_blocks * batch * heads_kv,)
+    assert grid == (num_n_blocks * batch * heads_kv,)  # (12 key tiles: persistent or not, a program each)
+    # persistent programs where auto says (attempt 76: d64 causal at 300 rows, not d128 causal)
+    assert const.get("PERSISTENT", False) == hopper.fused_persistent(width, True, seqlen_q) == (width == 64)
     scale = head_dim ** -0.5
     # causal, and the kv heads' Q and dO far inside L2: one group of every (batch, kv head) row
     assert args[9:] == (heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, batch * heads_kv,
@@ -588,6 +591,7 @@ def test_a_fused_backward_that_fails_to_build_falls_back_under_auto_and_is_an_er
     q, dout, dq, k, v, dk, dv, out = (torch.randn(1, 2, 300, 128, dtype=torch.bfloat16) for _ in range(8))
     lse = torch.randn(1, 2, 300)
     monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: None)
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 132)  # (persistent programs at 300 rows)
 
     def run():
         hopper.backward(q, k, v, out, dout, lse, None, 128 ** -0.5, False, dq, dk, dv)
@@ -622,7 +626,8 @@ def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_sam
     assert takes() and takes(seqlen_k=1024) and takes(causal=True) and takes(seqlen_k=4096, causal=True)
     assert not takes(seqlen_k=2048, causal=True)  # d128 causal from 4k keys (session 20)
     assert takes(head_dim=64) and takes(head_dim=64, seqlen_k=4096, causal=True)  # d64: 128-row tiles
-    assert not takes(head_dim=64, seqlen_k=2048, causal=True) and not takes(head_dim=256)  # no d256 kernel
+    assert takes(head_dim=64, seqlen_k=1024, causal=True)  # d64 causal at every length (session 31)
+    assert not takes(head_dim=256)  # no d256 kernel
     assert not takes(deterministic=True)
     assert not takes(call_head_dim=96)  # the d128 kernel over zero columns: not timed so
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
@@ -1453,21 +1458,25 @@ def test_gpu_fused_backward_on_persistent_programs_matches_the_oracle(fused_back
     assert len(fused_backward_calls) == 5
     persistent = [grid for grid, on in launches if on]
     assert len(persistent) == 5, launches
-    if programs is not None:
-        assert all(grid == (3,) for grid in persistent), persistent
+    if programs is not None:  # (the third case has two key tiles: two programs)
+        assert persistent == [(3,), (3,), (2,), (3,), (3,)], persistent
 
 
 def test_the_persistent_switch_names_what_it_takes_and_auto_follows_the_table(monkeypatch):
     monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "often")
     with pytest.raises(ValueError, match="FLASHTILE_GLUON_BWD_PERSISTENT: expected one of auto, 1, 0, got 'often'"):
-        hopper.fused_persistent(64, False)
+        hopper.fused_persistent(64, False, 1024)
     monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "1")
-    assert hopper.fused_persistent(64, False) and hopper.fused_persistent(128, True)
+    assert hopper.fused_persistent(64, False, 16384) and hopper.fused_persistent(128, True, 1024)
     monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "0")
-    assert not hopper.fused_persistent(64, True) and not hopper.fused_persistent(128, False)
+    assert not hopper.fused_persistent(64, True, 1024) and not hopper.fused_persistent(128, False, 1024)
     monkeypatch.delenv(hopper.FUSED_PERSISTENT_SWITCH)
     cases = [(d, causal) for d in (64, 128) for causal in (False, True)]
-    assert [hopper.fused_persistent(*case) for case in cases] == [hopper.FUSED_PERSISTENT[case] for case in cases]
+    assert [hopper.fused_persistent(*case, 1024) for case in cases] == [hopper.FUSED_PERSISTENT[case]
+                                                                          for case in cases]
+    # as timed (session 31): at 1k rows but for causal d128; not past FUSED_PERSISTENT_MAX_ROWS
+    assert [hopper.fused_persistent(*case, 1024) for case in cases] == [True, True, True, False]
+    assert not any(hopper.fused_persistent(*case, 2048) for case in cases)
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")

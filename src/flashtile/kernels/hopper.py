@@ -379,16 +379,23 @@ DEFER_DK_SWITCH = "FLASHTILE_GLUON_BWD_DEFER_DK"
 
 
 # Whether the five-product backward runs persistent programs (gluon_bwd_fused's PERSISTENT: one a
-# SM, each taking key tiles pid, pid + programs, ...), by (kernel head dim, causal). A program per
-# key tile pays a fixed cost each: the CTA's start, its K and V and first Q-side tiles loaded with
-# nothing running beside them, its dK and dV stored the same way. Session 21 fitted it at 1.2
-# steps of 128 queries at d64 and 1.9 of 64 at d128 (probes/fused_program_cost.py): 13% of a d64
-# 1k key tile's 8 steps, where persistent programs load the next tile's K, V and first Q-side
-# tiles during this one's last steps and epilogue. Attempt 76: written in session 31, off until
-# timed on the H200. FLASHTILE_GLUON_BWD_PERSISTENT (auto, 0, 1) sets it for every call;
-# FUSED_PERSISTENT_PROGRAMS caps the programs (None: the SMs; the tests take a few, so that each
-# runs many key tiles).
-FUSED_PERSISTENT = {(64, False): False, (64, True): False, (128, False): False, (128, True): False}
+# SM, each taking key tiles pid, pid + programs, ...), by (kernel head dim, causal), up to
+# FUSED_PERSISTENT_MAX_ROWS query rows. A program per key tile pays a fixed cost each: the CTA's
+# start, its K and V and first Q-side tiles loaded with nothing running beside them, its dK and dV
+# stored the same way. Session 21 fitted it at 1.2 steps of 128 queries at d64 and 1.9 of 64 at d128
+# (probes/fused_program_cost.py): 13% of a d64 1k key tile's 8 steps, where persistent programs load
+# the next tile's K, V and first Q-side tiles during this one's last steps and epilogue. Attempt 76,
+# session 31 (H200, probes/fused_persistent.py, kernels alone in CUDA graphs, medians of 3 rounds,
+# TFLOP/s persistent / a program per key tile / the seven-product kernels): d64 1k 389 / 370 / 341,
+# causal 271 / 264 / 243; d64 2k 423 / 426 / 373, causal 336 / 337 / 317; d128 1k 438 / 427 / 428,
+# causal 286 / 314 / 316; d128 2k 491 / 493 / 458, causal 289 / 409 / 400. So at 1k, but for causal
+# d128, whose programs in fixed turns drift apart over the causal tiles' unequal lengths (as the
+# forward's did before its dynamic scheduler: PERSISTENT_DYNAMIC) and whose dK and dV are staged in
+# K and V, which go back to the loader only once stored. FLASHTILE_GLUON_BWD_PERSISTENT (auto, 0,
+# 1) sets it for every call; FUSED_PERSISTENT_PROGRAMS caps the programs (None: the SMs; the tests
+# take a few, so that each runs many key tiles).
+FUSED_PERSISTENT = {(64, False): True, (64, True): True, (128, False): True, (128, True): False}
+FUSED_PERSISTENT_MAX_ROWS = 1024
 FUSED_PERSISTENT_SWITCH = "FLASHTILE_GLUON_BWD_PERSISTENT"
 FUSED_PERSISTENT_PROGRAMS: int | None = None
 
@@ -412,10 +419,13 @@ def fused_hoist_stats(head_dim: int, causal: bool) -> bool:
     return _fused_table_setting(HOIST_STATS_SWITCH, FUSED_HOIST_STATS, head_dim, causal)
 
 
-def fused_persistent(head_dim: int, causal: bool) -> bool:
-    """FUSED_PERSISTENT's entry for (``head_dim``, ``causal``), or FLASHTILE_GLUON_BWD_PERSISTENT
-    where not auto."""
-    return _fused_table_setting(FUSED_PERSISTENT_SWITCH, FUSED_PERSISTENT, head_dim, causal)
+def fused_persistent(head_dim: int, causal: bool, seqlen_q: int) -> bool:
+    """FUSED_PERSISTENT's entry for (``head_dim``, ``causal``) where ``seqlen_q`` is at most
+    FUSED_PERSISTENT_MAX_ROWS, or FLASHTILE_GLUON_BWD_PERSISTENT where not auto."""
+    value = setting(name=FUSED_PERSISTENT_SWITCH)
+    if value != "auto":
+        return value == "1"
+    return FUSED_PERSISTENT.get((head_dim, causal), False) and seqlen_q <= FUSED_PERSISTENT_MAX_ROWS
 
 
 def fused_exp_poly(head_dim: int) -> int:
@@ -1010,10 +1020,14 @@ def fused_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
     keys non-causal and at 16k causal). Session 20 (triton 3.6; attempts 51 and 52: the causal d128
     kernel's Q tiles last first, its groups' L2 budget counting the dQ sum): d128 causal at 2k /
     4k / 8k 401 / 476 / 503 against 399 / 446 / 509; 4k keys alone had read 1.01-1.02x without
-    them (sessions 19, 20), so d128 causal from 4k keys now, as d64."""
+    them (sessions 19, 20), so d128 causal from 4k keys now, as d64. Session 31 (triton 3.6,
+    probes/fused_persistent.py, the kernel of sessions 22-26: HOIST_STATS, DEFER_DK): d64 causal
+    at 1k / 2k 264 / 337 a program per key tile and 271 / 336 on persistent programs (the 1k
+    call's choice, fused_persistent) against 243 / 317, so d64 causal at every length now; d128
+    causal 314 / 409 against 316 / 400 stays from 4k keys."""
     if head_dim not in (64, 128):
         return False
-    return not causal or seqlen_k >= 4096
+    return not causal or head_dim == 64 or seqlen_k >= 4096
 
 
 def _takes_fused(q: torch.Tensor, head_dim: int, seqlen_k: int, causal: bool, s_pad: int,
@@ -1216,7 +1230,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     # (PERSISTENT passed only when on: the launch of a program per key tile keeps its arguments
     # and fast_launch key)
     extra = {}
-    if split is None and fused_persistent(head_dim, causal):
+    if split is None and fused_persistent(head_dim, causal, seqlen_q):
         extra["PERSISTENT"] = True
         programs = min(programs, FUSED_PERSISTENT_PROGRAMS or sm_count(q.device))
     if split is not None:
