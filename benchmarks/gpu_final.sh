@@ -104,6 +104,10 @@
 #   bash benchmarks/gpu_final.sh spread    # attempt 74 (on under auto since session 30): the d64
 #                                        # forward's timeline with the one-part tiles' programs traced, then
 #                                        # probes/fwd_spread.py (0 against 1), then its GPU tests forced on; ~300 s
+#   bash benchmarks/gpu_final.sh early-coords  # attempt 76 (off under auto): the persistent forward's consumers
+#                                        # read each item's coordinates from the loader: its GPU tests forced on
+#                                        # (d64), the timeline at 1k with it off and on, then
+#                                        # probes/fwd_early_coords.py (0 against 1, 7 rounds); ~200 s
 #   bash benchmarks/gpu_final.sh loops   # block-mask loops (attempt 22: runs of full tiles): masks.py (Flex
 #                                        # included), mask_tiles.py ranges (as built / run loop / tile by
 #                                        # tile); the decode append kernel (attempt 23): launch_overhead.py's
@@ -488,6 +492,24 @@ case ${1:-tests} in
       -k "(forward_grid or three_consumers or persistent) and d64" --timeout-method=thread
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-spread.log"; grep -v "Warn\|warn" "$OUT/fwd-spread.log" | tail -6
     for s in 0 1; do grep "item to item" "$OUT/timeline-spread$s.log"; done
+    cat "$OUT/times.txt" ;;
+  early-coords)
+    # Attempt 76: the consumers of persistent programs read each item's batch, head, first row and K/V
+    # tiles from slots the loader fills beside its Q (FLASHTILE_GLUON_FWD_EARLY_COORDS), instead of
+    # working them out between one item's output and the next one's first product. First its GPU
+    # tests (the persistent and lead-part tests forced on; EARLY_COORDS_SELECTION picks others, e.g.
+    # "early_coords" for every head dim), then the timeline at 1k with it off and on (the step to the
+    # next item), then the oracle and the timing (probes/fwd_early_coords.py: d64, 1k 2k 4k, causal
+    # and not, the settings in turn, ROUNDS rounds).
+    gluon_tests tests-early-coords.log "${TEST_LIMIT:-100}" 150 tests/test_gluon.py -m gpu \
+      -k "${EARLY_COORDS_SELECTION:-early_coords and (d64 or d40)}" --timeout-method=thread
+    for s in 0 1; do
+      FLASHTILE_GLUON_FWD_EARLY_COORDS=$s step timeout 60 python3 benchmarks/probes/fwd_timeline.py --seqlens 1024 \
+        > "$OUT/timeline-early-coords$s.log" 2>&1
+    done
+    step timeout 150 python3 benchmarks/probes/fwd_early_coords.py --rounds "${ROUNDS:-7}" > "$OUT/fwd-early-coords.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-early-coords.log"; grep -v "Warn\|warn" "$OUT/fwd-early-coords.log" | tail -8
+    for s in 0 1; do echo "== early coords $s"; grep "item to item\|item transition\|    to \|past its tiles" "$OUT/timeline-early-coords$s.log"; done
     cat "$OUT/times.txt" ;;
   bwd-vs-graph)
     # Where the 1k backward cells' time goes (session 28 wrote it; not yet run): probes/bench_vs_graph.py

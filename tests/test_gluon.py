@@ -863,6 +863,49 @@ def test_spread_takes_a_program_count_coprime_with_the_tiles_where_the_last_tile
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+def test_early_coords_go_to_persistent_launches_only_and_only_when_on(monkeypatch):
+    # FLASHTILE_GLUON_FWD_EARLY_COORDS (attempt 76): the consumers read each item's coordinates from
+    # the loader (gluon_fwd's EARLY_COORDS). Off under auto until timed; passed only when on, so the
+    # default launch keeps its arguments and fast_launch key; a program per Q tile never takes it.
+    gluon_fwd = hopper._gluon()[0]
+    launches = []
+    monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 7)  # a pretend GPU of 7 SMs
+    monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH, raising=False)
+
+    def launch(early, persistent="1", causal=False, head_dim=64):
+        monkeypatch.setenv(hopper.EARLY_COORDS_SWITCH, early)
+        monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, persistent)
+        q, k, v, out = (torch.randn(2, 6, 1000, head_dim, dtype=torch.bfloat16) for _ in range(4))
+        hopper.forward(q, k, v, out, 0.125, causal=causal)
+        return launches[-1]
+
+    off = launch("0")
+    assert "EARLY_COORDS" not in off[3] and off[3]["PERSISTENT"] is True
+    assert launch("auto")[3].get("EARLY_COORDS", False) is hopper.PERSISTENT_EARLY_COORDS is False
+    for dynamic in (False, True):  # fixed turns and the dynamic scheduler (its counter passed as before)
+        monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", dynamic)
+        for causal in (False, True):
+            for head_dim in (64, 128, 256):
+                on = launch("1", causal=causal, head_dim=head_dim)
+                assert on[3]["EARLY_COORDS"] is True and on[3]["PERSISTENT"] is True
+                assert (on[2][-1] is not None) is dynamic
+    monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", None)
+    # the same launch but for the constexpr: grid, scalars and every other constexpr (a new plan, not
+    # the switch's other one: the plans' key holds the setting)
+    on = launch("1")
+    assert on[1] == off[1] and on[2][5:] == off[2][5:] and len(on[2]) == len(off[2]) == 15
+    assert {key: value for key, value in on[3].items() if key != "EARLY_COORDS"} == off[3]
+    assert "EARLY_COORDS" not in launch("0")[3]
+    assert "EARLY_COORDS" not in launch("1", persistent="0")[3]  # a program per Q tile: nothing to carry
+    monkeypatch.setattr(hopper, "PERSISTENT_EARLY_COORDS", True)  # what auto follows
+    assert launch("auto")[3]["EARLY_COORDS"] is True and "EARLY_COORDS" not in launch("0")[3]
+    monkeypatch.setenv(hopper.EARLY_COORDS_SWITCH, "2")
+    with pytest.raises(ValueError, match="FLASHTILE_GLUON_FWD_EARLY_COORDS: expected one of auto, 1, 0, got '2'"):
+        hopper.forward(*(torch.randn(1, 2, 100, 64, dtype=torch.bfloat16) for _ in range(4)), 0.125, causal=False)
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 @pytest.mark.parametrize("head_dim,seqlen_k,consumers,buffers", [(64, 333, 3, 2), (64, 333, 4, 2), (64, 333, 2, 2),
                                                                  (128, 333, 2, 2), (128, 5000, 2, 1), (256, 333, 2, 1)])
 def test_persistent_forward_launches_a_program_per_sm_at_most(monkeypatch, head_dim, seqlen_k, consumers, buffers):
@@ -1119,6 +1162,42 @@ def test_gpu_gluon_causal_forward_with_the_overhang_in_front(gluon_calls, monkey
     assert gluon_calls, "the call did not take the Gluon forward"
     if consumers != "auto":
         assert plans and all(plan.constexprs.get("CONSUMERS", 2) == int(consumers) for plan in plans)
+
+
+# FLASHTILE_GLUON_FWD_EARLY_COORDS=1 (attempt 76): the persistent programs' consumers read each item's
+# coordinates from the slots the loader fills beside its Q. The persistent and overhang tests above,
+# forced on (their names left out of FORWARD_SELECTION's words: gpu_final.sh early-coords runs these).
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
+@pytest.mark.parametrize("dtype,headdim,seqlens,causal", GRID_PERSISTENT,
+                         ids=[_case_id(case) for case in GRID_PERSISTENT])
+@pytest.mark.parametrize("consumers", ["auto", "2", "4"], ids=["consumers-auto", "two-consumers", "four-consumers"])
+@pytest.mark.parametrize("schedule", ["turns", "dynamic"])
+def test_gpu_gluon_forward_early_coords(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal, schedule,
+                                        consumers):
+    monkeypatch.setenv(hopper.EARLY_COORDS_SWITCH, "1")
+    plans = _recorded_plans(monkeypatch)
+    test_gpu_gluon_forward_on_persistent_programs(gluon_calls, monkeypatch, dtype, headdim, seqlens, causal,
+                                                  schedule, False, consumers)
+    assert plans and all(plan.constexprs.get("EARLY_COORDS") is True for plan in plans), "the coordinates not early"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon forward is built for sm_90")
+@pytest.mark.parametrize("seqlens", OVERHANG_SHAPES, ids=[f"q{sq}k{sk}" for sq, sk in OVERHANG_SHAPES])
+@pytest.mark.parametrize("headdim", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("programs", ["turns", "dynamic"])
+@pytest.mark.parametrize("consumers", ["auto", "2", "4"], ids=["consumers-auto", "two-consumers", "four-consumers"])
+def test_gpu_gluon_causal_forward_early_coords_lead_parts(gluon_calls, monkeypatch, seqlens, headdim, programs,
+                                                          consumers):
+    # (q_start below 0 in a head's first tile: the lead's parts, through an int32 slot)
+    monkeypatch.setenv(hopper.EARLY_COORDS_SWITCH, "1")
+    plans = _recorded_plans(monkeypatch)
+    test_gpu_gluon_causal_forward_with_the_overhang_in_front(gluon_calls, monkeypatch, seqlens, headdim, programs,
+                                                             consumers)
+    assert plans and all(plan.constexprs.get("EARLY_COORDS") is True for plan in plans), "the coordinates not early"
 
 
 @pytest.mark.gpu

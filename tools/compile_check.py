@@ -217,6 +217,11 @@ def gluon_variants(quick: bool):
             four.update(PERSISTENT=True, Q_BUFFERS=hopper.forward_q_buffers(64, 256, block_n, stages))
         yield (f"gluon fwd4 d=64 {'causal' if causal else 'full'} bf16 s{stages} in turn"
                f"{' persistent' if persistent else ''}", gluon_fwd._fwd_pingpong_kernel, four, 4)
+        # (and the loader's coordinates for the consumers, EARLY_COORDS: the four consumers' 112 registers)
+        if (persistent and not quick and not causal
+                and "EARLY_COORDS" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters):
+            yield (f"gluon fwd4 d=64 full bf16 s{stages} in turn persistent early coords",
+                   gluon_fwd._fwd_pingpong_kernel, dict(four, EARLY_COORDS=True), 4)
     # Two consumers with each tile's products in turn (a probe's variant, attempt 60). A tree from
     # before OVERLAP (sass_compare.py's dump drops constexprs a kernel lacks) compiles the
     # overlapped order under these "in turn" names: expect them to differ there. The d128 one has
@@ -257,6 +262,14 @@ def gluon_variants(quick: bool):
             if "TileCounter" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
                 yield (f"gluon {name} persistent q{buffers} dynamic", gluon_fwd._fwd_pingpong_kernel,
                        dict(constexprs, PERSISTENT=True, Q_BUFFERS=buffers, DYNAMIC=True), 4)
+            # each item's coordinates written by the loader beside its Q (EARLY_COORDS), in fixed turns
+            # and (but in the quick set) on the dynamic scheduler
+            if "EARLY_COORDS" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
+                for dynamic in (False,) if quick else (False, True):
+                    yield (f"gluon {name} persistent q{buffers}{' dynamic' if dynamic else ''} early coords",
+                           gluon_fwd._fwd_pingpong_kernel,
+                           dict(constexprs, PERSISTENT=True, Q_BUFFERS=buffers, EARLY_COORDS=True,
+                                **({"DYNAMIC": True} if dynamic else {})), 4)
             # one Q buffer: the next tile's first K/V tiles copied before the wait for it (EARLY_KV)
             if buffers == 1 and "EARLY_KV" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
                 for dynamic in (False, True):
@@ -268,6 +281,10 @@ def gluon_variants(quick: bool):
         if not quick and "Trace" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
             yield ("gluon fwd3 d=64 full bf16 s2 in turn persistent traced", gluon_fwd._fwd_pingpong_kernel,
                    dict(three, CAUSAL=False, DTYPE="bf16", PERSISTENT=True, Q_BUFFERS=2, TRACE=True), 4)
+            if "EARLY_COORDS" in inspect.signature(gluon_fwd._fwd_pingpong_kernel.fn).parameters:
+                yield ("gluon fwd3 d=64 full bf16 s2 in turn persistent traced early coords",
+                       gluon_fwd._fwd_pingpong_kernel, dict(three, CAUSAL=False, DTYPE="bf16", PERSISTENT=True,
+                                                            Q_BUFFERS=2, TRACE=True, EARLY_COORDS=True), 4)
     yield from listed_variants(gluon_fwd, quick, regs)
     for d, causal, dtype in [(128, True, "bf16")] if quick else [(128, False, "bf16"), (128, True, "fp16"),
                                                                     (64, True, "bf16")]:

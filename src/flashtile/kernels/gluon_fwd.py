@@ -50,7 +50,9 @@ LN2 = gl.constexpr(0.6931471805599453)
 # for each of the first TRACE_PROGRAMS persistent programs' first TRACE_ITEMS work items and each
 # consumer, TRACE_EVENTS clock64 stamps: 0 before _consumer's wait for Q, 1 after it (on the dynamic
 # scheduler the consumer has already waited for Q, to read the item, so these two read nothing of
-# that wait), then, where the products run in turn (not under OVERLAP, which stamps only 0, 1 and
+# that wait; under EARLY_COORDS _consume_item stamps them around its wait and reads the item's
+# coordinates after 1, where without it they are worked out before 0), then, where the products
+# run in turn (not under OVERLAP, which stamps only 0, 1 and
 # the epilogue), for K/V tile j in slot t = min(j, TRACE_TILES - 1) (the last slot holds the item's
 # last tile): 2 + 4t K ready, 3 + 4t S done, 4 + 4t P ready, 5 + 4t P V done; then the epilogue's:
 # TRACE_EVENTS - 4 its start, TRACE_EVENTS - 3 O staged in shared memory (fenced), TRACE_EVENTS - 2
@@ -236,7 +238,7 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, tiles, n_masked, mask_buffer,
               HEAD_DIM: gl.constexpr, PART_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, MASK_MOD: gl.constexpr, OVERLAP: gl.constexpr, q_index, q_phase, first,
-              Trace=None, traced=False):
+              Trace=None, traced=False, Q_WAITED: gl.constexpr = False):
     """One warpgroup: rows [q_start + part·PART_M, +PART_M) of the Q tile, every K/V tile (or
     under MASK_MOD the block mask's list: see hide_scores). OVERLAP: S of tile j+1 issued before
     O += P_j V_j (FlashAttention-3's order; S, P and O live at once); without it each tile's two
@@ -244,7 +246,8 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     takes Q from registers, loaded once.
     A persistent program's work item: its rows in Q buffer ``q_index``, landed on q_ready's phase
     ``q_phase``, its tiles after the ``first`` that went round the K/V ring before them. ``Trace``:
-    this item's and part's TRACE_EVENTS stamps, kept where ``traced`` (see TRACE_EVENTS)."""
+    this item's and part's TRACE_EVENTS stamps, kept where ``traced`` (see TRACE_EVENTS). Q_WAITED:
+    the caller has waited for q_ready (and stamped 0 and 1), to read what the loader wrote with Q."""
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_N)
     o_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -262,9 +265,10 @@ def _consumer(part: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, v_re
     acc = gl.zeros([PART_M, HEAD_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([PART_M, BLOCK_N], gl.float32, layout=s_layout)
 
-    _stamp(Trace, 0, traced)
-    mbarrier.wait(q_ready, q_phase)
-    _stamp(Trace, 1, traced)
+    if not Q_WAITED:
+        _stamp(Trace, 0, traced)
+        mbarrier.wait(q_ready, q_phase)
+        _stamp(Trace, 1, traced)
     if OVERLAP:
         acc, m_i, l_i = _overlapped_tiles(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, rows, seqlen_q,
                                           seqlen_k, shift, diagonal, n_tiles, first, qk_scale, tiles, n_masked, batch,
@@ -342,12 +346,49 @@ def _read_slot(slots, index):
     return gl.max(slots.index(index).load(layout), axis=0)
 
 
+# EARLY_COORDS: the int32 slots of each Q buffer in item_slots (_fwd_pingpong_kernel), what the loader
+# works out of its item for its own copies and writes there before it arms the buffer's q_ready: the
+# item (the dynamic scheduler's; num_items at the end), then its batch, head, first row and K/V tiles.
+COORD_SLOTS = gl.constexpr(5)
+
+
+@gluon.jit
+def _item_slot(buffer, EARLY_COORDS: gl.constexpr):
+    """The slot of item_slots that holds Q buffer ``buffer``'s item: its first of COORD_SLOTS under
+    EARLY_COORDS, else its only one."""
+    slot = buffer
+    if EARLY_COORDS:
+        slot = buffer * COORD_SLOTS
+    return slot
+
+
+@gluon.jit
+def _write_coords(slots, buffer, item, batch, head, q_start, n_tiles):
+    """Q buffer ``buffer``'s COORD_SLOTS slots of ``slots`` (the loader's, before it arms the buffer's
+    q_ready): the item, its batch, head, first row and count of K/V tiles."""
+    first = buffer * COORD_SLOTS
+    _write_slot(slots, first, item)
+    _write_slot(slots, first + 1, batch)
+    _write_slot(slots, first + 2, head)
+    _write_slot(slots, first + 3, q_start)
+    _write_slot(slots, first + 4, n_tiles)
+
+
+@gluon.jit
+def _read_coords(slots, buffer):
+    """(batch, head, q_start, n_tiles) that _write_coords left in Q buffer ``buffer``'s slots: read
+    once its q_ready has completed (the loader wrote them before arming it)."""
+    first = buffer * COORD_SLOTS
+    return (_read_slot(slots, first + 1), _read_slot(slots, first + 2), _read_slot(slots, first + 3),
+            _read_slot(slots, first + 4))
+
+
 @gluon.jit
 def _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, ring,
                local, PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, item_slots=None,
-               EARLY_KV: gl.constexpr = False):
+               EARLY_KV: gl.constexpr = False, EARLY_COORDS: gl.constexpr = False):
     """_persistent_loader's copies for work item ``item``, its ``local``-th, its K/V tiles after the
     ``ring`` that went round the ring before them: returns how many K/V tiles it has.
     ``item_slots`` (the dynamic scheduler's, a shared-memory slot per Q buffer): the item is
@@ -355,7 +396,9 @@ def _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_
     read once it completes. EARLY_KV (one Q buffer): the item's first NUM_STAGES K/V tiles are
     copied before the wait for the Q buffer, which ends only once the previous item's output has
     been stored from it; they need only ring slots the previous item's tiles free as they are
-    consumed, so the ring fills while that item's last tiles and output run."""
+    consumed, so the ring fills while that item's last tiles and output run. EARLY_COORDS: the
+    item's coordinates go to its buffer's slots with it (_write_coords), in fixed turns too, so
+    that the consumers read them instead of working them out (_consume_item)."""
     batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
                                                               group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
                                                               num_items, PART_M)
@@ -367,7 +410,9 @@ def _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_
                         BLOCK_N, NUM_STAGES, None, ring)
     buffer = local % Q_BUFFERS
     mbarrier.wait(q_empty.index(buffer), ((local // Q_BUFFERS) & 1) ^ 1)  # a new barrier passes at once
-    if item_slots is not None:
+    if EARLY_COORDS:
+        _write_coords(item_slots, buffer, item, batch, head, q_start, n_tiles)
+    elif item_slots is not None:
         _write_slot(item_slots, buffer, item)
     mbarrier.expect(q_ready.index(buffer), CONSUMERS * q_desc.block_type.nbytes)
     for part in gl.static_range(CONSUMERS):
@@ -383,14 +428,15 @@ def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, 
                        v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k,
                        PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr, TileCounter,
-                       item_slots, EARLY_KV: gl.constexpr):
+                       item_slots, EARLY_KV: gl.constexpr, EARLY_COORDS: gl.constexpr = False):
     """_loader for a persistent program: work items pid, pid + programs, ... of the grid's
     ``num_items`` (with TileCounter, the dynamic scheduler's). Item i's Q goes to buffer i % Q_BUFFERS once
     the consumers have stored the output of the item before it there (q_empty); its K/V tiles
     follow the previous item's round the same ring. With two Q buffers the next item's Q and
     first K/V tiles land while this one's last run; with one, the loader waits for this item's
     output to be stored before it copies the next one's Q, and (EARLY_KV) copies the next one's
-    first NUM_STAGES K/V tiles before that wait (_load_item)."""
+    first NUM_STAGES K/V tiles before that wait (_load_item). EARLY_COORDS: each item's coordinates
+    written beside its Q for the consumers (_write_coords)."""
     ring = 0  # K/V tiles this program has sent round the ring before the item
     local = 0  # items this program has taken before
     if TileCounter is not None:
@@ -402,20 +448,21 @@ def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, 
             ring += _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                group_size, seqlen_q, seqlen_k, ring, local, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES,
-                               CAUSAL, CONSUMERS, Q_BUFFERS, item_slots, EARLY_KV)
+                               CAUSAL, CONSUMERS, Q_BUFFERS, item_slots, EARLY_KV, EARLY_COORDS)
             local += 1
             item = gl.atomic_add(TileCounter, 1, sem="relaxed")
         # The end: num_items in the next buffer's slot, its "ready" barrier completed without a copy.
         buffer = local % Q_BUFFERS
         mbarrier.wait(q_empty.index(buffer), ((local // Q_BUFFERS) & 1) ^ 1)
-        _write_slot(item_slots, buffer, num_items)
+        _write_slot(item_slots, _item_slot(buffer, EARLY_COORDS), num_items)
         mbarrier.arrive(q_ready.index(buffer), count=1)
     else:
         for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
             ring += _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                group_size, seqlen_q, seqlen_k, ring, local, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES,
-                               CAUSAL, CONSUMERS, Q_BUFFERS, None, EARLY_KV)
+                               CAUSAL, CONSUMERS, Q_BUFFERS, item_slots if EARLY_COORDS else None, EARLY_KV,
+                               EARLY_COORDS)
             local += 1
 
 
@@ -425,24 +472,47 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
                   group_size, seqlen_q, seqlen_k, qk_scale, ring, local, HEAD_DIM: gl.constexpr,
                   PART_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                  Trace):
+                  Trace, item_slots=None, EARLY_COORDS: gl.constexpr = False, Q_WAITED: gl.constexpr = False):
     """_persistent_consumer's work on item ``item``, its ``local``-th, as _consumer runs a
     program's rows; the item's Q buffer released once its output, staged there, has been stored.
-    Returns how many K/V tiles the item had."""
-    batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
-                                                              group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
-                                                              num_items, PART_M)
-    n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
-    LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
-    buffer = local % Q_BUFFERS
-    traced = (gl.program_id(0) < TRACE_PROGRAMS) & (local < TRACE_ITEMS)
-    item_trace = None
-    if Trace is not None:
-        item_trace = Trace + ((gl.program_id(0) * TRACE_ITEMS + local) * CONSUMERS + part) * TRACE_EVENTS
+    Returns how many K/V tiles the item had.
+
+    EARLY_COORDS: the item's batch, head, first row and K/V tiles read from its Q buffer's slots of
+    ``item_slots`` once its Q is ready (Q_WAITED: the caller, the dynamic scheduler's consumer, has
+    waited for it already), where otherwise q_tile_of_program works them out here: its integer
+    divisions by runtime values (the grid's groups, B·Hq rows, heads, GQA groups) sat between one
+    item's output and the next item's first S (session 29's timeline: ~610 clocks of each item's
+    step to the next, with the Q buffer's release). The loader works them out for its copies anyway,
+    off the consumers' path."""
+    # (Each branch in its own order: the one without EARLY_COORDS is the shipped kernel's, whose SASS
+    # moves if its buffer and trace come before its coordinates.)
+    if EARLY_COORDS:
+        buffer = local % Q_BUFFERS
+        traced = (gl.program_id(0) < TRACE_PROGRAMS) & (local < TRACE_ITEMS)
+        item_trace = None
+        if Trace is not None:
+            item_trace = Trace + ((gl.program_id(0) * TRACE_ITEMS + local) * CONSUMERS + part) * TRACE_EVENTS
+        _stamp(item_trace, 0, traced)
+        if not Q_WAITED:
+            mbarrier.wait(q_ready.index(buffer), (local // Q_BUFFERS) & 1)
+        _stamp(item_trace, 1, traced)
+        batch, head, q_start, n_tiles = _read_coords(item_slots, buffer)
+        LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
+    else:
+        batch, head, head_kv, q_start, kv_end = q_tile_of_program(item, num_m_blocks, heads_per_group, num_heads_q,
+                                                                  group_size, seqlen_q, seqlen_k, BLOCK_M, CAUSAL,
+                                                                  num_items, PART_M)
+        n_tiles = gl.maximum(gl.cdiv(kv_end, BLOCK_N), 1)
+        LSE_head = LSE + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
+        buffer = local % Q_BUFFERS
+        traced = (gl.program_id(0) < TRACE_PROGRAMS) & (local < TRACE_ITEMS)
+        item_trace = None
+        if Trace is not None:
+            item_trace = Trace + ((gl.program_id(0) * TRACE_ITEMS + local) * CONSUMERS + part) * TRACE_EVENTS
     _consumer(part, q_smem, k_smem, v_smem, q_ready.index(buffer), k_ready, v_ready, k_empty, v_empty, o_desc,
               LSE_head, batch, head, q_start, seqlen_q, seqlen_k, n_tiles, qk_scale, None, 0, None, HEAD_DIM,
               PART_M, BLOCK_N, NUM_STAGES, CAUSAL, None, OVERLAP, buffer * CONSUMERS + part,
-              (local // Q_BUFFERS) & 1, ring, item_trace, traced)
+              (local // Q_BUFFERS) & 1, ring, item_trace, traced, EARLY_COORDS)
     mbarrier.arrive(q_empty.index(buffer), count=1)  # _consumer waited for its output's store
     return n_tiles
 
@@ -451,11 +521,12 @@ def _consume_item(part: gl.constexpr, item, q_smem, k_smem, v_smem, q_ready, q_e
 def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PART_M: gl.constexpr,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr,
-                         Q_BUFFERS: gl.constexpr, TileCounter, item_slots, Trace):
+                         Q_BUFFERS: gl.constexpr, TileCounter, item_slots, Trace, EARLY_COORDS: gl.constexpr = False):
     """_consumer for a persistent program: the same work items as _persistent_loader's (under the
-    dynamic scheduler, read from ``item_slots`` once the item's Q buffer is ready). ``shared``: what
-    every consumer partition takes alike (the kernel's ``consumer_shared``), as one tuple, so that
-    each partition's entry in warp_specialize names only its part."""
+    dynamic scheduler, read from ``item_slots`` once the item's Q buffer is ready; EARLY_COORDS:
+    their coordinates too, in fixed turns as well: _consume_item). ``shared``: what every consumer
+    partition takes alike (the kernel's ``consumer_shared``), as one tuple, so that each partition's
+    entry in warp_specialize names only its part."""
     q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, stride_lb, \
         stride_lh, num_items, num_m_blocks, heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, \
         qk_scale = shared
@@ -469,18 +540,18 @@ def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PAR
                                   v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                   heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
                                   HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                  Q_BUFFERS, Trace)
+                                  Q_BUFFERS, Trace, item_slots, EARLY_COORDS, True)
             local += 1
             buffer = local % Q_BUFFERS
             mbarrier.wait(q_ready.index(buffer), (local // Q_BUFFERS) & 1)
-            item = _read_slot(item_slots, buffer)
+            item = _read_slot(item_slots, _item_slot(buffer, EARLY_COORDS))
     else:
         for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
             ring += _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                   v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
                                   heads_per_group, num_heads_q, group_size, seqlen_q, seqlen_k, qk_scale, ring, local,
                                   HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, OVERLAP, CONSUMERS,
-                                  Q_BUFFERS, Trace)
+                                  Q_BUFFERS, Trace, item_slots, EARLY_COORDS)
             local += 1
 
 
@@ -515,7 +586,7 @@ def _fwd_pingpong_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 2, OVERLAP: gl.constexpr = True, PERSISTENT: gl.constexpr = False,
-    Q_BUFFERS: gl.constexpr = 1, EARLY_KV: gl.constexpr = False, Trace=None,
+    Q_BUFFERS: gl.constexpr = 1, EARLY_KV: gl.constexpr = False, Trace=None, EARLY_COORDS: gl.constexpr = False,
 ):
     """O (B, Hq, Sq, D) and LSE (B, Hq, Sq) of one BLOCK_M-row Q tile of one head.
 
@@ -537,7 +608,10 @@ def _fwd_pingpong_kernel(
     CTA's start is paid once per program instead of once per tile, and with Q_BUFFERS = 2 the
     next item's Q and first K/V tiles load while this one's last tiles and output run; with one
     buffer the loader waits for this item's output before the next item's Q, and with EARLY_KV
-    copies that item's first K/V tiles before the wait (_persistent_loader).
+    copies that item's first K/V tiles before the wait (_persistent_loader). EARLY_COORDS: the
+    loader writes each item's coordinates beside its Q (COORD_SLOTS int32 slots per Q buffer) for
+    the consumers, which otherwise work them out between one item's output and the next one's
+    first product (_consume_item).
 
     Trace (persistent programs; a probe's): int64 (TRACE_PROGRAMS, TRACE_ITEMS, CONSUMERS,
     TRACE_EVENTS), zeroed, where the consumers stamp their timeline (TRACE_EVENTS); None: nothing.
@@ -554,8 +628,11 @@ def _fwd_pingpong_kernel(
         _, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(NUM_STAGES, CONSUMERS)
         q_ready, q_empty = _persistent_barriers(Q_BUFFERS, CONSUMERS)
         # The dynamic scheduler's item of each Q buffer (unused, and left out of the build, without
-        # TileCounter: a None made here would not pass to the partitions as a constant).
-        item_slots = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        # TileCounter or EARLY_COORDS: a None made here would not pass to the partitions as a
+        # constant); under EARLY_COORDS the item's coordinates too, COORD_SLOTS slots a buffer.
+        ITEM_SLOTS: gl.constexpr = COORD_SLOTS if EARLY_COORDS else 1
+        item_slots = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS * ITEM_SLOTS, 1],
+                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))
         fence_async_shared()  # the inits visible to the TMA unit before its first copy
         # What every consumer partition takes alike, as one tuple, so that each partition's entry names
         # its part and the constexprs only. (warp_specialize passes tensors and scalars inside a tuple
@@ -567,41 +644,50 @@ def _fwd_pingpong_kernel(
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        EARLY_COORDS)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        EARLY_COORDS)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                      CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EARLY_KV)),
+                                      CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EARLY_KV, EARLY_COORDS)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         elif CONSUMERS == 3:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        EARLY_COORDS)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        EARLY_COORDS)),
                 (_persistent_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        EARLY_COORDS)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                      CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EARLY_KV)),
+                                      CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EARLY_KV, EARLY_COORDS)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
         else:
             gl.warp_specialize([
                 (_persistent_consumer, (0, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        EARLY_COORDS)),
                 (_persistent_consumer, (1, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        EARLY_COORDS)),
                 (_persistent_consumer, (2, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        EARLY_COORDS)),
                 (_persistent_consumer, (3, consumer_shared, HEAD_DIM, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace)),
+                                        OVERLAP, CONSUMERS, Q_BUFFERS, TileCounter, item_slots, Trace,
+                                        EARLY_COORDS)),
                 (_persistent_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                       v_ready, k_empty, v_empty, num_items, num_m_blocks, heads_per_group, num_heads_q,
                                       group_size, seqlen_q, seqlen_k, PART_M, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL,
-                                      CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EARLY_KV)),
+                                      CONSUMERS, Q_BUFFERS, TileCounter, item_slots, EARLY_KV, EARLY_COORDS)),
             ], [4, 4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         _one_tile_per_program(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, num_heads_q, group_size,

@@ -715,6 +715,15 @@ PERSISTENT_EARLY_KV = False
 # FLASHTILE_GLUON_FWD_SPREAD (auto, 0, 1).
 PERSISTENT_SPREAD = True
 SPREAD_SWITCH = "FLASHTILE_GLUON_FWD_SPREAD"
+# Persistent programs' consumers reading each item's batch, head, first row and K/V tile count from
+# shared-memory slots the loader fills beside the item's Q (gluon_fwd's EARLY_COORDS), where otherwise
+# each consumer works them out at the item's start (q_tile_of_program: integer divisions by runtime
+# values), between one item's output and the next one's first product: session 29's timeline put the
+# step to the next item at ~610 clocks of each item's ~2100 past its tiles (d64 non-causal 1k: 8 tiles
+# an item). The loader works them out for its copies anyway. Attempt 76 (written, not yet timed:
+# probes/fwd_early_coords.py); off until measured. FLASHTILE_GLUON_FWD_EARLY_COORDS (auto, 0, 1).
+PERSISTENT_EARLY_COORDS = False
+EARLY_COORDS_SWITCH = "FLASHTILE_GLUON_FWD_EARLY_COORDS"
 # sm_90's shared memory a block may opt in to, and what a forward CTA takes besides its tiles (the
 # mbarriers), for forward_q_buffers.
 SHARED_MEMORY_BYTES = 227 * 1024
@@ -764,6 +773,12 @@ def _spread() -> bool:
     """PERSISTENT_SPREAD, or FLASHTILE_GLUON_FWD_SPREAD where not auto."""
     value = setting(name=SPREAD_SWITCH)
     return PERSISTENT_SPREAD if value == "auto" else value == "1"
+
+
+def _early_coords() -> bool:
+    """PERSISTENT_EARLY_COORDS, or FLASHTILE_GLUON_FWD_EARLY_COORDS where not auto."""
+    value = setting(name=EARLY_COORDS_SWITCH)
+    return PERSISTENT_EARLY_COORDS if value == "auto" else value == "1"
 
 
 def persistent_dynamic(causal: bool, seqlen_k: int) -> bool:
@@ -830,7 +845,7 @@ class _DenseForwardPlan(NamedTuple):
 # Dense forward plans by what they are worked out from: the shapes, strides and dtype, the scale,
 # causal, the consumers, and the module settings a probe or test swaps (the tiles, the three
 # consumers' tiles and registers, the order of the products, the causal L2 budget and its rule,
-# the persistent programs' settings and, where it applies, the spread switch),
+# the persistent programs' settings and, where they apply, the spread and early-coordinates switches),
 # so that a swap gets a new plan, not a stale one. A repeat finds its plan instead of working out
 # the tiles, the grid and four descriptors' keys again: 13.9 -> 9.0 µs of this forward on a fast
 # CPU (session 23).
@@ -848,11 +863,13 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
     # programs, without a causal mask; its switch is read only there, so that other calls pay no
     # environment read for it.
     spread = bool(q.shape[2] % (BLOCK_M // 2 * consumers) and persistent_programs and not causal and _spread())
+    # (the same for the consumers' coordinates from the loader: read on persistent programs only)
+    early_coords = bool(persistent_programs) and _early_coords()
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
            consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_FOUR_CONSUMER_TILES,
            FORWARD_CONSUMER_REGS.get(consumers), overlap,
            CAUSAL_L2_BYTES, causal_heads_per_group, persistent_programs, SHARED_MEMORY_BYTES,
-           _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC, PERSISTENT_EARLY_KV, spread)
+           _FORWARD_SHARED_EXTRA, PERSISTENT_DYNAMIC, PERSISTENT_EARLY_KV, spread, early_coords)
     plan = _DENSE_FORWARD_PLANS.get(key)
     if plan is not None:
         return plan
@@ -878,6 +895,8 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
                                                                   q.element_size()))
         if PERSISTENT_EARLY_KV and extra["Q_BUFFERS"] == 1:
             extra["EARLY_KV"] = True
+        if early_coords:  # (passed only when on: the default launch's arguments stay as they were)
+            extra["EARLY_COORDS"] = True
         # (only where some programs take more than one tile, the last tile of a head has idle parts
         # and the tiles go in fixed turns: see PERSISTENT_SPREAD)
         if spread and programs > persistent_programs and not persistent_dynamic(causal, seqlen_k):
