@@ -104,7 +104,7 @@
 #   bash benchmarks/gpu_final.sh spread    # attempt 74 (on under auto since session 30): the d64
 #                                        # forward's timeline with the one-part tiles' programs traced, then
 #                                        # probes/fwd_spread.py (0 against 1), then its GPU tests forced on; ~300 s
-#   bash benchmarks/gpu_final.sh early-coords  # attempt 76 (off under auto): the persistent forward's consumers
+#   bash benchmarks/gpu_final.sh early-coords  # attempt 77 (off under auto): the persistent forward's consumers
 #                                        # read each item's coordinates from the loader: its GPU tests forced on
 #                                        # (d64), the timeline at 1k with it off and on, then
 #                                        # probes/fwd_early_coords.py (0 against 1, 7 rounds); ~200 s
@@ -494,7 +494,7 @@ case ${1:-tests} in
     for s in 0 1; do grep "item to item" "$OUT/timeline-spread$s.log"; done
     cat "$OUT/times.txt" ;;
   early-coords)
-    # Attempt 76: the consumers of persistent programs read each item's batch, head, first row and K/V
+    # Attempt 77: the consumers of persistent programs read each item's batch, head, first row and K/V
     # tiles from slots the loader fills beside its Q (FLASHTILE_GLUON_FWD_EARLY_COORDS), instead of
     # working them out between one item's output and the next one's first product. First its GPU
     # tests (the persistent and lead-part tests forced on; EARLY_COORDS_SELECTION picks others, e.g.

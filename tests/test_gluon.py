@@ -864,7 +864,7 @@ def test_spread_takes_a_program_count_coprime_with_the_tiles_where_the_last_tile
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 def test_early_coords_go_to_persistent_launches_only_and_only_when_on(monkeypatch):
-    # FLASHTILE_GLUON_FWD_EARLY_COORDS (attempt 76): the consumers read each item's coordinates from
+    # FLASHTILE_GLUON_FWD_EARLY_COORDS (attempt 77): the consumers read each item's coordinates from
     # the loader (gluon_fwd's EARLY_COORDS). Off under auto until timed; passed only when on, so the
     # default launch keeps its arguments and fast_launch key; a program per Q tile never takes it.
     gluon_fwd = hopper._gluon()[0]
@@ -1164,7 +1164,7 @@ def test_gpu_gluon_causal_forward_with_the_overhang_in_front(gluon_calls, monkey
         assert plans and all(plan.constexprs.get("CONSUMERS", 2) == int(consumers) for plan in plans)
 
 
-# FLASHTILE_GLUON_FWD_EARLY_COORDS=1 (attempt 76): the persistent programs' consumers read each item's
+# FLASHTILE_GLUON_FWD_EARLY_COORDS=1 (attempt 77): the persistent programs' consumers read each item's
 # coordinates from the slots the loader fills beside its Q. The persistent and overhang tests above,
 # forced on (their names left out of FORWARD_SELECTION's words: gpu_final.sh early-coords runs these).
 @pytest.mark.gpu

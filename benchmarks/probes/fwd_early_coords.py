@@ -1,4 +1,4 @@
-"""The persistent forward's consumers reading each item's coordinates from the loader: checked, then timed (attempt 76).
+"""The persistent forward's consumers reading each item's coordinates from the loader: checked, then timed (attempt 77).
 
     python benchmarks/probes/fwd_early_coords.py [--headdims 64] [--seqlens 1024 2048 4096] [--rounds 7]
 

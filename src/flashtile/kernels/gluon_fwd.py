@@ -41,7 +41,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 
 from .gluon_common import (accumulator_layout, hide_scores, kv_ring_barriers, kv_ring_buffers,
-                           listed_q_tile_of_program, q_tile_of_program, stream_kv_tiles, tma_load, tma_store)
+                           listed_q_tile_of_program, q_tile_of_program, read_slot, stream_kv_tiles, tma_load,
+                           tma_store, write_slot)
 
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -331,21 +332,6 @@ def _tile_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PART_M: g
               NUM_STAGES, CAUSAL, None, OVERLAP, part, 0, 0)
 
 
-@gluon.jit
-def _write_slot(slots, index, value):
-    """The int32 ``value`` into slot ``index`` of ``slots`` ([n, 1] int32 shared memory), from
-    every thread of the partition (the same value)."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    slots.index(index).store(gl.full([1], value, gl.int32, layout=layout))
-
-
-@gluon.jit
-def _read_slot(slots, index):
-    """Slot ``index`` of ``slots`` ([n, 1] int32 shared memory), a scalar in every thread."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    return gl.max(slots.index(index).load(layout), axis=0)
-
-
 # EARLY_COORDS: the int32 slots of each Q buffer in item_slots (_fwd_pingpong_kernel), what the loader
 # works out of its item for its own copies and writes there before it arms the buffer's q_ready: the
 # item (the dynamic scheduler's; num_items at the end), then its batch, head, first row and K/V tiles.
@@ -367,11 +353,11 @@ def _write_coords(slots, buffer, item, batch, head, q_start, n_tiles):
     """Q buffer ``buffer``'s COORD_SLOTS slots of ``slots`` (the loader's, before it arms the buffer's
     q_ready): the item, its batch, head, first row and count of K/V tiles."""
     first = buffer * COORD_SLOTS
-    _write_slot(slots, first, item)
-    _write_slot(slots, first + 1, batch)
-    _write_slot(slots, first + 2, head)
-    _write_slot(slots, first + 3, q_start)
-    _write_slot(slots, first + 4, n_tiles)
+    write_slot(slots, first, item)
+    write_slot(slots, first + 1, batch)
+    write_slot(slots, first + 2, head)
+    write_slot(slots, first + 3, q_start)
+    write_slot(slots, first + 4, n_tiles)
 
 
 @gluon.jit
@@ -379,8 +365,8 @@ def _read_coords(slots, buffer):
     """(batch, head, q_start, n_tiles) that _write_coords left in Q buffer ``buffer``'s slots: read
     once its q_ready has completed (the loader wrote them before arming it)."""
     first = buffer * COORD_SLOTS
-    return (_read_slot(slots, first + 1), _read_slot(slots, first + 2), _read_slot(slots, first + 3),
-            _read_slot(slots, first + 4))
+    return (read_slot(slots, first + 1), read_slot(slots, first + 2), read_slot(slots, first + 3),
+            read_slot(slots, first + 4))
 
 
 @gluon.jit
@@ -413,7 +399,7 @@ def _load_item(item, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_
     if EARLY_COORDS:
         _write_coords(item_slots, buffer, item, batch, head, q_start, n_tiles)
     elif item_slots is not None:
-        _write_slot(item_slots, buffer, item)
+        write_slot(item_slots, buffer, item)
     mbarrier.expect(q_ready.index(buffer), CONSUMERS * q_desc.block_type.nbytes)
     for part in gl.static_range(CONSUMERS):
         tma_load(q_desc, [batch, head, q_start + part * PART_M, 0], q_ready.index(buffer),
@@ -454,7 +440,7 @@ def _persistent_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, 
         # The end: num_items in the next buffer's slot, its "ready" barrier completed without a copy.
         buffer = local % Q_BUFFERS
         mbarrier.wait(q_empty.index(buffer), ((local // Q_BUFFERS) & 1) ^ 1)
-        _write_slot(item_slots, _item_slot(buffer, EARLY_COORDS), num_items)
+        write_slot(item_slots, _item_slot(buffer, EARLY_COORDS), num_items)
         mbarrier.arrive(q_ready.index(buffer), count=1)
     else:
         for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
@@ -534,7 +520,7 @@ def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PAR
     local = 0
     if TileCounter is not None:
         mbarrier.wait(q_ready.index(0), 0)
-        item = _read_slot(item_slots, 0)
+        item = read_slot(item_slots, 0)
         while item < num_items:
             ring += _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                                   v_empty, o_desc, LSE, stride_lb, stride_lh, num_items, num_m_blocks,
@@ -544,7 +530,7 @@ def _persistent_consumer(part: gl.constexpr, shared, HEAD_DIM: gl.constexpr, PAR
             local += 1
             buffer = local % Q_BUFFERS
             mbarrier.wait(q_ready.index(buffer), (local // Q_BUFFERS) & 1)
-            item = _read_slot(item_slots, _item_slot(buffer, EARLY_COORDS))
+            item = read_slot(item_slots, _item_slot(buffer, EARLY_COORDS))
     else:
         for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
             ring += _consume_item(part, item, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,

@@ -720,7 +720,7 @@ SPREAD_SWITCH = "FLASHTILE_GLUON_FWD_SPREAD"
 # each consumer works them out at the item's start (q_tile_of_program: integer divisions by runtime
 # values), between one item's output and the next one's first product: session 29's timeline put the
 # step to the next item at ~610 clocks of each item's ~2100 past its tiles (d64 non-causal 1k: 8 tiles
-# an item). The loader works them out for its copies anyway. Attempt 76 (written, not yet timed:
+# an item). The loader works them out for its copies anyway. Attempt 77 (written, not yet timed:
 # probes/fwd_early_coords.py); off until measured. FLASHTILE_GLUON_FWD_EARLY_COORDS (auto, 0, 1).
 PERSISTENT_EARLY_COORDS = False
 EARLY_COORDS_SWITCH = "FLASHTILE_GLUON_FWD_EARLY_COORDS"
