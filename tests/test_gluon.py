@@ -1520,9 +1520,10 @@ def test_gpu_fused_backward_on_persistent_programs_matches_the_oracle(fused_back
     # Persistent programs (attempt 76) take key tile after key tile, the ring, the dS buffers'
     # meetings and kv_ready's phase carried on, the next tile's K and V loaded once this one's are
     # released: on one program an SM (the last case has 288 key tiles, 2-3 a program on the H200)
-    # and on three programs, each then running up to 96 tiles of unequal length (causal), a tile
-    # with no Q tile that sees it among them (q shorter than k). GQA, both layouts, rows past the
-    # end, fp16 and bf16, head dim 96 on the 128-wide kernel, against the float64 oracle.
+    # and on three programs, each then running up to 96 tiles of unequal length (causal; with q
+    # shorter than k the last key tile sees 2 of 3 Q tiles: bottom-right, every key tile has a
+    # query that sees it). GQA, both layouts, rows past the end, fp16 and bf16, head dim 96 on
+    # the 128-wide kernel, against the float64 oracle.
     monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "1")
     monkeypatch.setattr(hopper, "FUSED_PERSISTENT_PROGRAMS", programs)
     launches = []
@@ -1556,6 +1557,28 @@ def test_the_persistent_switch_names_what_it_takes_and_auto_follows_the_table(mo
     # as timed (session 31): at 1k rows but for causal d128; not past FUSED_PERSISTENT_MAX_ROWS
     assert [hopper.fused_persistent(*case, 1024) for case in cases] == [True, True, True, False]
     assert not any(hopper.fused_persistent(*case, 2048) for case in cases)
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+def test_auto_counts_the_rows_a_key_tile_streams_for_persistent_programs(monkeypatch):
+    # The rows a key tile streams are its kv head's query heads × Sq: 1000 rows under MHA run
+    # persistent programs at d64, 1000 rows in groups of 4 query heads (4000 a key tile, as many
+    # steps as 4k MHA rows, where persistence gained nothing) do not (kernels stubbed).
+    gluon_bwd_fused = hopper._fused_module()
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
+    monkeypatch.delenv(hopper.FUSED_PERSISTENT_SWITCH, raising=False)
+    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 132)
+    launches = []
+    for name in ("_dkdv_dq_kernel", "_dq_convert"):
+        monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name))
+    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: None)
+    for heads_kv, expected in ((8, True), (2, None)):
+        q, dout, dq, out = (torch.randn(1, 8, 1000, 64, dtype=torch.bfloat16) for _ in range(4))
+        k, v, dk, dv = (torch.randn(1, heads_kv, 1000, 64, dtype=torch.bfloat16) for _ in range(4))
+        launches.clear()
+        hopper.backward(q, k, v, out, dout, torch.randn(1, 8, 1000), None, 0.125, False, dq, dk, dv)
+        assert launches[0][3].get("PERSISTENT") is expected, heads_kv
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")

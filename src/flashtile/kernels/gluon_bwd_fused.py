@@ -261,12 +261,19 @@ def _persistent_consumer(half: gl.constexpr, shared, HEAD_DIM: gl.constexpr, BLO
         head_kv = read_slot(tile_slots, HEAD_KV)
         key_first = read_slot(tile_slots, N_START) + half * HALF_N
         if STAGE_APART:
+            # (the barriers written out, though Triton's own analysis places the same ones: every
+            # thread's slot reads done before the one arrival lets the loader overwrite them; every
+            # thread past the wait before any stores into the box; every store fenced before the
+            # one thread issues the copies)
+            partition_barrier()
             mbarrier.arrive(kv_empty, count=1)  # K and V are read by no product any more
             staging = reinterpret_shared(dq_stage, dtype, [2, 1, 1, HALF_N, HEAD_DIM], dk_desc.layout)
             tma.store_wait(0)  # the last dQ reduction has read the box
+            partition_barrier()
             staging.index(0).reshape([HALF_N, HEAD_DIM]).store((dk * softmax_scale).to(dtype))
             staging.index(1).reshape([HALF_N, HEAD_DIM]).store(dv.to(dtype))
             fence_async_shared()
+            partition_barrier()
             tma_store(dk_desc, [batch, head_kv, key_first, 0], staging.index(0))
             tma_store(dv_desc, [batch, head_kv, key_first, 0], staging.index(1))
         else:

@@ -380,7 +380,8 @@ DEFER_DK_SWITCH = "FLASHTILE_GLUON_BWD_DEFER_DK"
 
 # Whether the five-product backward runs persistent programs (gluon_bwd_fused's PERSISTENT: one a
 # SM, each taking key tiles pid, pid + programs, ...), by (kernel head dim, causal), up to
-# FUSED_PERSISTENT_MAX_ROWS query rows. A program per key tile pays a fixed cost each: the CTA's
+# FUSED_PERSISTENT_MAX_ROWS query rows streamed past a key tile (the GQA group's heads × Sq: the
+# steps a key tile takes, over which its fixed cost is spread). A program per key tile pays a fixed cost each: the CTA's
 # start, its K and V and first Q-side tiles loaded with nothing running beside them, its dK and dV
 # stored the same way. Session 21 fitted it at 1.2 steps of 128 queries at d64 and 1.9 of 64 at d128
 # (probes/fused_program_cost.py): 13% of a d64 1k key tile's 8 steps, where persistent programs load
@@ -388,7 +389,8 @@ DEFER_DK_SWITCH = "FLASHTILE_GLUON_BWD_DEFER_DK"
 # session 31 (H200, probes/fused_persistent.py, kernels alone in CUDA graphs, medians of 3 rounds,
 # TFLOP/s persistent / a program per key tile / the seven-product kernels): d64 1k 389 / 370 / 341,
 # causal 271 / 264 / 243; d64 2k 423 / 426 / 373, causal 336 / 337 / 317; d128 1k 438 / 427 / 428,
-# causal 286 / 314 / 316; d128 2k 491 / 493 / 458, causal 289 / 409 / 400. So at 1k, but for causal
+# causal 286 / 314 / 316; d128 2k 491 / 493 / 458, causal 289 / 409 / 400 (MHA: the rows a key
+# tile streams are Sq). So at 1k, but for causal
 # d128, whose programs in fixed turns drift apart over the causal tiles' unequal lengths (as the
 # forward's did before its dynamic scheduler: PERSISTENT_DYNAMIC) and whose dK and dV are staged in
 # K and V, which go back to the loader only once stored. FLASHTILE_GLUON_BWD_PERSISTENT (auto, 0,
@@ -419,13 +421,15 @@ def fused_hoist_stats(head_dim: int, causal: bool) -> bool:
     return _fused_table_setting(HOIST_STATS_SWITCH, FUSED_HOIST_STATS, head_dim, causal)
 
 
-def fused_persistent(head_dim: int, causal: bool, seqlen_q: int) -> bool:
-    """FUSED_PERSISTENT's entry for (``head_dim``, ``causal``) where ``seqlen_q`` is at most
-    FUSED_PERSISTENT_MAX_ROWS, or FLASHTILE_GLUON_BWD_PERSISTENT where not auto."""
+def fused_persistent(head_dim: int, causal: bool, rows: int) -> bool:
+    """FUSED_PERSISTENT's entry for (``head_dim``, ``causal``) where the ``rows`` a key tile streams
+    (query heads of a kv head × Sq) are at most FUSED_PERSISTENT_MAX_ROWS, or
+    FLASHTILE_GLUON_BWD_PERSISTENT where not auto (a tail split, FLASHTILE_GLUON_BWD_TAIL, still
+    runs a program per key tile or part: _fused_backward)."""
     value = setting(name=FUSED_PERSISTENT_SWITCH)
     if value != "auto":
         return value == "1"
-    return FUSED_PERSISTENT.get((head_dim, causal), False) and seqlen_q <= FUSED_PERSISTENT_MAX_ROWS
+    return FUSED_PERSISTENT.get((head_dim, causal), False) and rows <= FUSED_PERSISTENT_MAX_ROWS
 
 
 def fused_exp_poly(head_dim: int) -> int:
@@ -1249,7 +1253,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     # (PERSISTENT passed only when on: the launch of a program per key tile keeps its arguments
     # and fast_launch key)
     extra = {}
-    if split is None and fused_persistent(head_dim, causal, seqlen_q):
+    if split is None and fused_persistent(head_dim, causal, group * seqlen_q):
         extra["PERSISTENT"] = True
         programs = min(programs, FUSED_PERSISTENT_PROGRAMS or sm_count(q.device))
     if split is not None:
