@@ -1513,31 +1513,36 @@ def test_gpu_fused_backward_under_each_switch_setting_matches_the_oracle(fused_b
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @NEEDS_FUSED
+@pytest.mark.parametrize("skip_end_meeting", ["0", "1"], ids=["end-meeting", "no-end-meeting"])
 @pytest.mark.parametrize("programs", [None, 3], ids=["a-program-an-sm", "three-programs"])
 @pytest.mark.parametrize("head_dim", [64, 128, 96])
 def test_gpu_fused_backward_on_persistent_programs_matches_the_oracle(fused_backward_calls, monkeypatch, head_dim,
-                                                                      programs):
+                                                                      programs, skip_end_meeting):
     # Persistent programs (attempt 76) take key tile after key tile, the ring, the dS buffers'
     # meetings and kv_ready's phase carried on, the next tile's K and V loaded once this one's are
     # released: on one program an SM (the last case has 288 key tiles, 2-3 a program on the H200)
     # and on three programs, each then running up to 96 tiles of unequal length (causal; with q
     # shorter than k the last key tile sees 2 of 3 Q tiles: bottom-right, every key tile has a
     # query that sees it). GQA, both layouts, rows past the end, fp16 and bf16, head dim 96 on
-    # the 128-wide kernel, against the float64 oracle.
+    # the 128-wide kernel, against the float64 oracle. With and without the warpgroups' meeting
+    # after each key tile (attempt 78; the d64 kernel skips it where asked, the d128 one never).
     monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "1")
+    monkeypatch.setenv(hopper.SKIP_END_MEETING_SWITCH, skip_end_meeting)
     monkeypatch.setattr(hopper, "FUSED_PERSISTENT_PROGRAMS", programs)
     launches = []
     launch = hopper.fast_launch.launch
     monkeypatch.setattr(hopper.fast_launch, "launch", lambda kernel, grid, *args, **kw: (
-        launches.append((grid, kw.get("PERSISTENT", False))), launch(kernel, grid, *args, **kw))[1])
+        launches.append((grid, kw.get("PERSISTENT", False), kw.get("SKIP_END_MEETING", False))),
+        launch(kernel, grid, *args, **kw))[1])
     check_case(2, 700, 777, 6, 2, head_dim, torch.bfloat16)
     check_case(1, 900, 333, 6, 2, head_dim, torch.bfloat16, causal=True, layout="bhsd")
     check_case(1, 203, 203, 2, 1, head_dim, torch.float16, causal=True)
     check_case(2, 300, 1100, 4, 4, head_dim, torch.bfloat16, causal=True)
     check_case(4, 1000, 1100, 24, 8, head_dim, torch.bfloat16, layout="bhsd")
     assert len(fused_backward_calls) == 5
-    persistent = [grid for grid, on in launches if on]
+    persistent = [grid for grid, on, _ in launches if on]
     assert len(persistent) == 5, launches
+    assert all(skip == (skip_end_meeting == "1") for _, on, skip in launches if on)
     if programs is not None:  # (the third case has two key tiles: two programs)
         assert persistent == [(3,), (3,), (2,), (3,), (3,)], persistent
 
@@ -1557,6 +1562,18 @@ def test_the_persistent_switch_names_what_it_takes_and_auto_follows_the_table(mo
     # as timed (session 31): at 1k rows but for causal d128; not past FUSED_PERSISTENT_MAX_ROWS
     assert [hopper.fused_persistent(*case, 1024) for case in cases] == [True, True, True, False]
     assert not any(hopper.fused_persistent(*case, 2048) for case in cases)
+
+
+def test_the_end_meeting_switch_names_what_it_takes_and_auto_keeps_the_meeting(monkeypatch):
+    monkeypatch.setenv(hopper.SKIP_END_MEETING_SWITCH, "sometimes")
+    with pytest.raises(ValueError, match="FLASHTILE_GLUON_BWD_SKIP_END_MEETING: expected one of auto, 1, 0"):
+        hopper.fused_skip_end_meeting()
+    monkeypatch.setenv(hopper.SKIP_END_MEETING_SWITCH, "1")
+    assert hopper.fused_skip_end_meeting()
+    monkeypatch.setenv(hopper.SKIP_END_MEETING_SWITCH, "0")
+    assert not hopper.fused_skip_end_meeting()
+    monkeypatch.delenv(hopper.SKIP_END_MEETING_SWITCH)
+    assert hopper.fused_skip_end_meeting() is hopper.FUSED_SKIP_END_MEETING is False  # until timed
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")

@@ -353,6 +353,19 @@ def gluon_variants(quick: bool):
                dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, REDUCE_BY_PTX=by_ptx,
                     Q_DESCENDING=descending, TAIL_SPLIT=False, EXP_POLY=0, HOIST_STATS=_hoist_stats(hopper, d, causal),
                     DTYPE=dtype, Q_ROWS=m, KV_ROWS=n // 2, DEFER_DK=defer, PERSISTENT=True, **regs), 4)
+    # without the meeting after a key tile (attempt 78; not in trees from before it)
+    if "SKIP_END_MEETING" not in inspect.signature(hopper._fused_module()._dkdv_dq_kernel.fn).parameters:
+        return
+    for causal in [False] if quick else [False, True]:
+        m, n, stages = hopper.BWD_FUSED[64]
+        defer = _defer_dk(hopper, 64, causal)
+        yield (f"gluon fused dkdv+dq d=64 {'causal' if causal else 'full'} bf16 s{stages}"
+               f"{' ptx-reduce' if not native else ''}{' defer-dk' if defer else ''} persistent no-end-meeting",
+               hopper._fused_module()._dkdv_dq_kernel,
+               dict(HEAD_DIM=64, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=causal, REDUCE_BY_PTX=not native,
+                    Q_DESCENDING=False, TAIL_SPLIT=False, EXP_POLY=0, HOIST_STATS=_hoist_stats(hopper, 64, causal),
+                    DTYPE="bf16", Q_ROWS=m, KV_ROWS=n // 2, DEFER_DK=defer, PERSISTENT=True, SKIP_END_MEETING=True,
+                    **regs), 4)
 
 
 def _defer_dk(hopper, head_dim: int, causal: bool) -> bool:

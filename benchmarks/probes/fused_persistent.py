@@ -8,14 +8,18 @@ them, its dK and dV stored the same way), fitted at 1.2 steps at d64 and 1.9 at 
 (probes/fused_program_cost.py): 13% of a d64 1k key tile's 8 steps. Persistent programs (one an SM,
 key tiles pid, pid + programs, ...) load the next tile's K, V and first Q-side tiles while this one's
 last steps and epilogue run. Predicted: +5-8% at d64 1k, +2-4% at 2k-4k, nothing past; the causal
-1k cells, where auto runs the seven-product kernels, may then pass them.
+1k cells, where auto runs the seven-product kernels, may then pass them. (Session 31 measured +5.3%
+and +2.6% at d64 1k, nothing at 2k.) Attempt 78, "lean": without the meeting after each key tile
+(d64), whose loop-carried count made the Triton 3.6 build spill in one consumer's step loop:
+predicted +1-3% over "persistent" at d64, nothing at d128 (which keeps the meeting).
 
 1. With it forced on (and the fused kernel), the gradients against the float64 oracle: fused_bwd.check's
    GQA case, causal and not, and one of 288 key tiles (2-3 a program on 132 SMs); the GPU tests
    (gpu_final.sh fused-persistent) cover the other shapes.
 2. The kernels alone (CUDA graphs, gluon_sweep.time_config: B·N = 16k tokens, H = 2048 / d, bf16),
    the settings in turn each round: "seven" (FLASHTILE_GLUON_BWD_FUSED=0), "tile" (the fused kernel,
-   a program per key tile), "persistent"; medians, TFLOP/s, each ratio to "tile" and to "seven".
+   a program per key tile), "persistent", "lean" (persistent without the meeting after each key tile,
+   attempt 78); medians, TFLOP/s, ratios: persistent / tile, persistent / seven, lean / persistent.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ from gluon_sweep import time_config  # noqa: E402
 SETTINGS = {
     "seven": {hopper.FUSED_SWITCH: "0", hopper.FUSED_PERSISTENT_SWITCH: "0"},
     "tile": {hopper.FUSED_SWITCH: "1", hopper.FUSED_PERSISTENT_SWITCH: "0"},
-    "persistent": {hopper.FUSED_SWITCH: "1", hopper.FUSED_PERSISTENT_SWITCH: "1"},
+    "persistent": {hopper.FUSED_SWITCH: "1", hopper.FUSED_PERSISTENT_SWITCH: "1", hopper.SKIP_END_MEETING_SWITCH: "0"},
+    # attempt 78: persistent, without the warpgroups' meeting after each key tile (d64)
+    "lean": {hopper.FUSED_SWITCH: "1", hopper.FUSED_PERSISTENT_SWITCH: "1", hopper.SKIP_END_MEETING_SWITCH: "1"},
 }
 
 
@@ -48,14 +54,15 @@ def main():
     args = parser.parse_args()
     os.environ["FLASHTILE_GLUON_BWD"] = "1"
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
-    os.environ.update(SETTINGS["persistent"])
-    for head_dim in args.headdims:
-        for causal in (False, True):
-            check(head_dim, causal, 1000, 1100)
-            check(head_dim, causal, 1000, 1100, batch=4, heads=24)
-    print(f"persistent: gradients within the oracle's tolerance (d{args.headdims}, causal and not)", flush=True)
+    for name in ("persistent", "lean"):
+        os.environ.update(SETTINGS[name])
+        for head_dim in args.headdims:
+            for causal in (False, True):
+                check(head_dim, causal, 1000, 1100)
+                check(head_dim, causal, 1000, 1100, batch=4, heads=24)
+        print(f"{name}: gradients within the oracle's tolerance (d{args.headdims}, causal and not)", flush=True)
     print(f"\nbackward TFLOP/s, kernels alone (CUDA graphs), medians of {args.rounds} rounds; "
-          "ratios: persistent / tile, persistent / seven")
+          "ratios: persistent / tile, persistent / seven, lean / persistent")
     for head_dim in args.headdims:
         for seqlen in args.seqlens:
             for causal in (False, True):
@@ -68,7 +75,8 @@ def main():
                 cells = "  ".join(f"{name} {medians[name]:5.0f}" for name in SETTINGS)
                 persistent = medians["persistent"]
                 print(f"d{head_dim:<4d} N={seqlen:<6d} {'causal' if causal else 'full  '}  {cells}  "
-                      f"{persistent / medians['tile']:5.3f}  {persistent / medians['seven']:5.3f}", flush=True)
+                      f"{persistent / medians['tile']:5.3f}  {persistent / medians['seven']:5.3f}  "
+                      f"{medians['lean'] / persistent:5.3f}", flush=True)
 
 
 if __name__ == "__main__":

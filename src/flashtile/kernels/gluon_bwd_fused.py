@@ -77,7 +77,8 @@ def _key_tile_steps(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
                     qk_scale, step_begin, n_steps, ring, meet, kv_phase,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                     CAUSAL: gl.constexpr, REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr,
-                    EXP_POLY: gl.constexpr, HOIST_STATS: gl.constexpr, DEFER_DK: gl.constexpr):
+                    EXP_POLY: gl.constexpr, HOIST_STATS: gl.constexpr, DEFER_DK: gl.constexpr,
+                    END_MEETING: gl.constexpr = True):
     """One warpgroup's steps over one key tile: dK, dV of keys [n_start + half·HALF_N, +HALF_N)
     (returned as (dk, dv, steps, the first key), dk and dv float32 HALF_N × HEAD_DIM) and dQ columns
     [half·HEAD_DIM/2, +HEAD_DIM/2) of every streamed Q tile over the tile's 2·HALF_N keys, staged
@@ -91,7 +92,8 @@ def _key_tile_steps(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
     tiles): the Q-side tiles sent round the ring, the two warpgroups' meetings at the ds_full
     barriers (one a step and one after a tile's last), and the phase of kv_ready that this tile's
     K and V complete. EXP_POLY: how many of every 4 exponentials a polynomial computes
-    (exp2_split.py)."""
+    (exp2_split.py). Without END_MEETING (a persistent program whose K and V go back to the loader
+    only through kv_empty, both warpgroups' arrivals) the steps return without that last meeting."""
     HALF_D: gl.constexpr = HEAD_DIM // 2
     s_layout: gl.constexpr = accumulator_layout(4, BLOCK_M)  # Sᵀ, dPᵀ: HALF_N keys × BLOCK_M queries
     kv_layout: gl.constexpr = accumulator_layout(4, HEAD_DIM)  # dK, dV: HALF_N × HEAD_DIM
@@ -174,9 +176,10 @@ def _key_tile_steps(half: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_sme
     # barrier's phase) so that the other's last one has retired before K's buffer is staged
     # into or reloaded. (Found in review: without this the faster warpgroup overwrote K under
     # the other's last dQ product.) V's half is read by this warpgroup alone.
-    partition_barrier()
-    mbarrier.arrive(ds_full.index((meet + count) % 2), count=1)
-    mbarrier.wait(ds_full.index((meet + count) % 2), ((meet + count) // 2) & 1)
+    if END_MEETING:
+        partition_barrier()
+        mbarrier.arrive(ds_full.index((meet + count) % 2), count=1)
+        mbarrier.wait(ds_full.index((meet + count) % 2), ((meet + count) // 2) & 1)
     return dk, dv, count, key_first
 
 
@@ -225,7 +228,7 @@ TILE_SLOTS = gl.constexpr(5)
 def _persistent_consumer(half: gl.constexpr, shared, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          HALF_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                          REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr, EXP_POLY: gl.constexpr,
-                         HOIST_STATS: gl.constexpr, DEFER_DK: gl.constexpr):
+                         HOIST_STATS: gl.constexpr, DEFER_DK: gl.constexpr, SKIP_END_MEETING: gl.constexpr):
     """One warpgroup of a persistent program: the key tiles its loader hands over in tile_slots,
     each as a program's (_key_tile_steps), the ring, the meetings and kv_ready's phase carried from
     one to the next (the coordinates come from the loader, so that this warpgroup keeps no grid
@@ -235,15 +238,24 @@ def _persistent_consumer(half: gl.constexpr, shared, HEAD_DIM: gl.constexpr, BLO
     (STAGE_APART: d64, 2 × 8 KiB in 16 KiB) they are staged there, and the box's wait before the
     next tile's first dQ stage covers their stores; else (d128) they are staged in its K and V
     halves (store_dkdv), which are released once the stores have read them. ``shared``: what
-    both consumer partitions take alike (the kernel's), as one tuple."""
+    both consumer partitions take alike (the kernel's), as one tuple.
+
+    SKIP_END_MEETING (where STAGE_APART): no meeting after a tile's last dQ product. It guards K
+    against the other warpgroup's last dQ product, which here the loader's wait for both arrivals
+    on kv_empty does (no consumer writes K), and the next tile's first dS store goes to the buffer
+    of two steps before, which the meeting of the step between guards as within a tile. The
+    meetings are then the ring's steps (meet = ring), one loop-carried count fewer: under Triton
+    3.6 the d64 build's step loops keep 4 and 6 local loads where they kept 20 (and 13 stores)
+    and 5."""
     q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, dq_stages, kv_ready, kv_empty, q_ready, \
         do_ready, empty, ds_full, dk_desc, dv_desc, dq_acc_desc, tile_slots, heads_q, group_size, seqlen_q, seqlen_k, \
         s_pad, qk_scale, softmax_scale = shared
     dtype: gl.constexpr = k_smem.dtype
     dq_stage = dq_stages.index(half)
     STAGE_APART: gl.constexpr = 2 * HALF_N * HEAD_DIM * dtype.primitive_bitwidth <= BLOCK_M * HEAD_DIM // 2 * 32
+    END_MEETING: gl.constexpr = not (SKIP_END_MEETING and STAGE_APART)
     ring = 0  # Q-side tiles sent round the ring before this key tile
-    local = 0  # key tiles this program took before it (and meetings: ring + local)
+    local = 0  # key tiles this program took before it (meetings: ring + local, or ring without END_MEETING)
     mbarrier.wait(kv_ready.index(0), 0)
     n_start = read_slot(tile_slots, N_START)
     while n_start >= 0:
@@ -253,8 +265,9 @@ def _persistent_consumer(half: gl.constexpr, shared, HEAD_DIM: gl.constexpr, BLO
                                            dq_stage, kv_ready, q_ready, do_ready, empty, ds_full, dq_acc_desc, batch,
                                            head_kv, n_start, seqlen_q, seqlen_k, read_slot(tile_slots, FIRST_TILE),
                                            read_slot(tile_slots, N_Q_TILES), group_size, heads_q, s_pad, qk_scale, 0,
-                                           None, ring, ring + local, local & 1, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES,
-                                           CAUSAL, REDUCE_BY_PTX, Q_DESCENDING, EXP_POLY, HOIST_STATS, DEFER_DK)
+                                           None, ring, ring + local if END_MEETING else ring, local & 1, HEAD_DIM,
+                                           BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX, Q_DESCENDING, EXP_POLY,
+                                           HOIST_STATS, DEFER_DK, END_MEETING)
         # The epilogue's coordinates read again (the slots hold them until both warpgroups release the
         # tile), rather than kept through the steps: d64's second consumer spilled in its steps otherwise.
         batch = read_slot(tile_slots, BATCH)
@@ -360,7 +373,8 @@ def _persistent_programs(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_
                          qk_scale, softmax_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr,
                          CONSUMER_REGS: gl.constexpr, REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr,
-                         EXP_POLY: gl.constexpr, HOIST_STATS: gl.constexpr, DEFER_DK: gl.constexpr):
+                         EXP_POLY: gl.constexpr, HOIST_STATS: gl.constexpr, DEFER_DK: gl.constexpr,
+                         SKIP_END_MEETING: gl.constexpr):
     """_dkdv_dq_kernel's PERSISTENT body: the same buffers and barriers as a program per key tile,
     and kv_empty (both consumer warpgroups arrive once a key tile's K and V are free)."""
     HALF_N: gl.constexpr = BLOCK_N // 2
@@ -379,9 +393,9 @@ def _persistent_programs(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_
               seqlen_k, s_pad, qk_scale, softmax_scale)
     gl.warp_specialize([
         (_persistent_consumer, (0, shared, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX, Q_DESCENDING,
-                                EXP_POLY, HOIST_STATS, DEFER_DK)),
+                                EXP_POLY, HOIST_STATS, DEFER_DK, SKIP_END_MEETING)),
         (_persistent_consumer, (1, shared, HEAD_DIM, BLOCK_M, HALF_N, NUM_STAGES, CAUSAL, REDUCE_BY_PTX, Q_DESCENDING,
-                                EXP_POLY, HOIST_STATS, DEFER_DK)),
+                                EXP_POLY, HOIST_STATS, DEFER_DK, SKIP_END_MEETING)),
         (_persistent_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                               lse_smem, delta_smem, kv_ready, kv_empty, q_ready, do_ready, empty, tile_slots,
                               heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group,
@@ -404,7 +418,7 @@ def _dkdv_dq_kernel(
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     REDUCE_BY_PTX: gl.constexpr = False, Q_DESCENDING: gl.constexpr = False, TAIL_SPLIT: gl.constexpr = False,
     EXP_POLY: gl.constexpr = 0, HOIST_STATS: gl.constexpr = False, DEFER_DK: gl.constexpr = False,
-    PERSISTENT: gl.constexpr = False,
+    PERSISTENT: gl.constexpr = False, SKIP_END_MEETING: gl.constexpr = False,
 ):
     """dK, dV (B, Hkv, Sk, D) of one BLOCK_N-key tile of one kv head, and its share of dQ added
     into the float32 sum behind ``dq_acc_desc`` ((B·Hq·S_pad, HEAD_DIM), zeroed, boxes of
@@ -428,15 +442,18 @@ def _dkdv_dq_kernel(
     ``PERSISTENT`` (hopper.fused_persistent; not with TAIL_SPLIT): a grid of fewer programs (one a
     SM), each taking the key tiles pid, pid + programs, ... of the order above: the CTA's start is
     paid once per program, and the next tile's K, V and first Q-side tiles load while this one's
-    last steps and epilogue run (_persistent_loader, _persistent_consumer)."""
+    last steps and epilogue run (_persistent_loader, _persistent_consumer; SKIP_END_MEETING: see
+    _persistent_consumer)."""
     gl.static_assert(num_warps == 4)
     gl.static_assert(not (PERSISTENT and TAIL_SPLIT))
+    gl.static_assert(PERSISTENT or not SKIP_END_MEETING)
     HALF_N: gl.constexpr = BLOCK_N // 2
     if PERSISTENT:
         _persistent_programs(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_acc_desc,
                              heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad,
                              qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, LOADER_REGS,
-                             CONSUMER_REGS, REDUCE_BY_PTX, Q_DESCENDING, EXP_POLY, HOIST_STATS, DEFER_DK)
+                             CONSUMER_REGS, REDUCE_BY_PTX, Q_DESCENDING, EXP_POLY, HOIST_STATS, DEFER_DK,
+                             SKIP_END_MEETING)
         return
     if TAIL_SPLIT:
         r = gl.program_id(0) - n_whole  # >= 0: a part, the r-th of the split parts

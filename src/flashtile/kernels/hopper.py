@@ -400,6 +400,14 @@ FUSED_PERSISTENT = {(64, False): True, (64, True): True, (128, False): True, (12
 FUSED_PERSISTENT_MAX_ROWS = 1024
 FUSED_PERSISTENT_SWITCH = "FLASHTILE_GLUON_BWD_PERSISTENT"
 FUSED_PERSISTENT_PROGRAMS: int | None = None
+# Whether a persistent five-product program whose dK and dV are staged apart from K (d64) skips the
+# two warpgroups' meeting after each key tile's last dQ product (gluon_bwd_fused's SKIP_END_MEETING:
+# kv_empty guards K there). Attempt 78, written after session 31's device time: under Triton 3.6 the
+# d64 build's step loops spill 4 and 6 local loads without the meeting where they spill 20 (and 13
+# stores) and 5 with it (a program per key tile: 1 and 8). Off until timed on the H200.
+# FLASHTILE_GLUON_BWD_SKIP_END_MEETING (auto, 0, 1).
+FUSED_SKIP_END_MEETING = False
+SKIP_END_MEETING_SWITCH = "FLASHTILE_GLUON_BWD_SKIP_END_MEETING"
 
 
 def _fused_table_setting(switch: str, table: dict, head_dim: int, causal: bool) -> bool:
@@ -430,6 +438,13 @@ def fused_persistent(head_dim: int, causal: bool, rows: int) -> bool:
     if value != "auto":
         return value == "1"
     return FUSED_PERSISTENT.get((head_dim, causal), False) and rows <= FUSED_PERSISTENT_MAX_ROWS
+
+
+def fused_skip_end_meeting() -> bool:
+    """FUSED_SKIP_END_MEETING, or FLASHTILE_GLUON_BWD_SKIP_END_MEETING where not auto (read only for
+    persistent launches; the kernel applies it where dK and dV are staged apart from K)."""
+    value = setting(name=SKIP_END_MEETING_SWITCH)
+    return FUSED_SKIP_END_MEETING if value == "auto" else value == "1"
 
 
 def fused_exp_poly(head_dim: int) -> int:
@@ -1255,6 +1270,8 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     extra = {}
     if split is None and fused_persistent(head_dim, causal, group * seqlen_q):
         extra["PERSISTENT"] = True
+        if fused_skip_end_meeting():
+            extra["SKIP_END_MEETING"] = True
         programs = min(programs, FUSED_PERSISTENT_PROGRAMS or sm_count(q.device))
     if split is not None:
         n_whole, splits = split
