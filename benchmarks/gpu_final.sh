@@ -57,8 +57,8 @@
 #                                        # cells at d64 and d128 beside FA2 and cuDNN in 3 rounds; ~250 s
 #   bash benchmarks/gpu_final.sh fused-persistent  # attempt 76: the five-product backward on persistent programs
 #                                        # (FLASHTILE_GLUON_BWD_PERSISTENT=1): its GPU tests and the fused ones with
-#                                        # it forced (attempt 78's skipped end meeting too), then probes/fused_persistent.py
-#                                        # (seven / tile / persistent / lean: attempt 78); ~450 s
+#                                        # it forced (attempts 78 and 79 too), then probes/fused_persistent.py (seven /
+#                                        # tile / persistent / lean: attempt 78 / dynamic: attempt 79); ~500 s
 #   bash benchmarks/gpu_final.sh forward39  # the forward's GPU tests and probes/fwd_in_turn_check.py under a
 #                                        # carried Triton (3.9.0 unless TRITON_VERSION), as triton39; ~300 s
 #   bash benchmarks/gpu_final.sh four       # attempt 69: the d64 forward on four consumer warpgroups: the consumers

@@ -455,7 +455,8 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     scale = head_dim ** -0.5
     # causal, and the kv heads' Q and dO far inside L2: one group of every (batch, kv head) row
     assert args[9:] == (heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, batch * heads_kv,
-                        s_pad, pytest.approx(scale * hopper.LOG2E), scale, 0, 1, None, None)  # (no tail split)
+                        s_pad, pytest.approx(scale * hopper.LOG2E), scale, 0, 1, None, None, None)
+    # (no tail split; no tile counter: persistent programs in fixed turns, or none)
     assert not const["TAIL_SPLIT"]
     assert args_convert[0] is dq_sum and args_convert[1] is dq
     assert args_convert[2:] == (*dq.stride()[:3], heads_q, seqlen_q, head_dim, s_pad, scale)
@@ -523,7 +524,7 @@ def test_a_split_fused_backward_launches_the_parts_and_sums_them_back(monkeypatc
     launches.clear()
     hopper.backward(q, k, v, out, dout, torch.randn(batch, heads_q, seqlen_q), None, 0.125, True, dq, dk, dv)
     (_, grid, args, const), _ = launches  # causal: no split
-    assert grid == (12,) and not const["TAIL_SPLIT"] and args[19:] == (0, 1, None, None)
+    assert grid == (12,) and not const["TAIL_SPLIT"] and args[19:] == (0, 1, None, None, None)
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
@@ -1513,11 +1514,12 @@ def test_gpu_fused_backward_under_each_switch_setting_matches_the_oracle(fused_b
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @NEEDS_FUSED
-@pytest.mark.parametrize("skip_end_meeting", ["0", "1"], ids=["end-meeting", "no-end-meeting"])
+@pytest.mark.parametrize("skip_end_meeting, dynamic", [("0", "0"), ("1", "0"), ("0", "1")],
+                         ids=["end-meeting", "no-end-meeting", "dynamic"])
 @pytest.mark.parametrize("programs", [None, 3], ids=["a-program-an-sm", "three-programs"])
 @pytest.mark.parametrize("head_dim", [64, 128, 96])
 def test_gpu_fused_backward_on_persistent_programs_matches_the_oracle(fused_backward_calls, monkeypatch, head_dim,
-                                                                      programs, skip_end_meeting):
+                                                                      programs, skip_end_meeting, dynamic):
     # Persistent programs (attempt 76) take key tile after key tile, the ring, the dS buffers'
     # meetings and kv_ready's phase carried on, the next tile's K and V loaded once this one's are
     # released: on one program an SM (the last case has 288 key tiles, 2-3 a program on the H200)
@@ -1525,24 +1527,28 @@ def test_gpu_fused_backward_on_persistent_programs_matches_the_oracle(fused_back
     # shorter than k the last key tile sees 2 of 3 Q tiles: bottom-right, every key tile has a
     # query that sees it). GQA, both layouts, rows past the end, fp16 and bf16, head dim 96 on
     # the 128-wide kernel, against the float64 oracle. With and without the warpgroups' meeting
-    # after each key tile (attempt 78; the d64 kernel skips it where asked, the d128 one never).
+    # after each key tile (attempt 78; the d64 kernel skips it where asked, the d128 one never),
+    # and with the key tiles taken from a counter the grid shares (attempt 79).
     monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "1")
     monkeypatch.setenv(hopper.SKIP_END_MEETING_SWITCH, skip_end_meeting)
+    monkeypatch.setenv(hopper.FUSED_DYNAMIC_SWITCH, dynamic)
     monkeypatch.setattr(hopper, "FUSED_PERSISTENT_PROGRAMS", programs)
     launches = []
     launch = hopper.fast_launch.launch
     monkeypatch.setattr(hopper.fast_launch, "launch", lambda kernel, grid, *args, **kw: (
-        launches.append((grid, kw.get("PERSISTENT", False), kw.get("SKIP_END_MEETING", False))),
-        launch(kernel, grid, *args, **kw))[1])
+        launches.append((grid, kw.get("PERSISTENT", False), kw.get("SKIP_END_MEETING", False),
+                         args[23] if kw.get("PERSISTENT") else None)), launch(kernel, grid, *args, **kw))[1])
     check_case(2, 700, 777, 6, 2, head_dim, torch.bfloat16)
     check_case(1, 900, 333, 6, 2, head_dim, torch.bfloat16, causal=True, layout="bhsd")
     check_case(1, 203, 203, 2, 1, head_dim, torch.float16, causal=True)
     check_case(2, 300, 1100, 4, 4, head_dim, torch.bfloat16, causal=True)
     check_case(4, 1000, 1100, 24, 8, head_dim, torch.bfloat16, layout="bhsd")
     assert len(fused_backward_calls) == 5
-    persistent = [grid for grid, on, _ in launches if on]
+    persistent = [grid for grid, on, _, _ in launches if on]
     assert len(persistent) == 5, launches
-    assert all(skip == (skip_end_meeting == "1") for _, on, skip in launches if on)
+    assert all(skip == (skip_end_meeting == "1") for _, on, skip, _ in launches if on)
+    # the counter: an int32, zeroed with the dQ sum, where the scheduler is dynamic; None in fixed turns
+    assert all((counter is not None) == (dynamic == "1") for _, on, _, counter in launches if on)
     if programs is not None:  # (the third case has two key tiles: two programs)
         assert persistent == [(3,), (3,), (2,), (3,), (3,)], persistent
 
@@ -1562,6 +1568,39 @@ def test_the_persistent_switch_names_what_it_takes_and_auto_follows_the_table(mo
     # as timed (session 31): at 1k rows but for causal d128; not past FUSED_PERSISTENT_MAX_ROWS
     assert [hopper.fused_persistent(*case, 1024) for case in cases] == [True, True, True, False]
     assert not any(hopper.fused_persistent(*case, 2048) for case in cases)
+
+
+@pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
+def test_a_dynamic_persistent_backward_counts_its_tiles_in_an_extra_row_of_the_zeroed_sum(monkeypatch):
+    # Attempt 79 (kernels stubbed): the dynamic scheduler's counter is the first int32 of an extra
+    # row of the dQ sum, zeroed with it; the sum's descriptor covers the rows before it, and the
+    # conversion reads the same buffer. Off under auto (FUSED_DYNAMIC); fixed turns pass None.
+    gluon_bwd_fused = hopper._fused_module()
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
+    monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "1")
+    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
+    monkeypatch.setattr(hopper, "sm_count", lambda device: 5)
+    launches = []
+    for name in ("_dkdv_dq_kernel", "_dq_convert"):
+        monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name))
+    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: None)
+    q, dout, dq, out = (torch.randn(2, 6, 300, 128, dtype=torch.bfloat16) for _ in range(4))
+    k, v, dk, dv = (torch.randn(2, 2, 333, 128, dtype=torch.bfloat16) for _ in range(4))
+    for dynamic in ("auto", "1"):
+        monkeypatch.setenv(hopper.FUSED_DYNAMIC_SWITCH, dynamic)
+        launches.clear()
+        hopper.backward(q, k, v, out, dout, torch.randn(2, 6, 300), None, 0.125, True, dq, dk, dv)
+        (_, grid, args, const), (_, _, args_convert, _) = launches
+        counter, sum_desc = args[23], args[8]
+        assert grid == (5,) and const["PERSISTENT"]
+        rows = 2 * 6 * 384
+        assert sum_desc.base.shape == (rows, 128) and args_convert[0].data_ptr() == sum_desc.base.data_ptr()
+        if dynamic == "auto":
+            assert counter is None and not hopper.FUSED_DYNAMIC[True]  # off until timed
+        else:
+            assert counter.dtype == torch.int32 and counter.shape == (1,) and int(counter) == 0
+            assert args_convert[0].shape == (rows + 1, 128)
+            assert counter.data_ptr() == args_convert[0][rows].data_ptr()
 
 
 def test_the_end_meeting_switch_names_what_it_takes_and_auto_keeps_the_meeting(monkeypatch):

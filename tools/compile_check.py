@@ -366,6 +366,20 @@ def gluon_variants(quick: bool):
                     Q_DESCENDING=False, TAIL_SPLIT=False, EXP_POLY=0, HOIST_STATS=_hoist_stats(hopper, 64, causal),
                     DTYPE="bf16", Q_ROWS=m, KV_ROWS=n // 2, DEFER_DK=defer, PERSISTENT=True, SKIP_END_MEETING=True,
                     **regs), 4)
+    # on the dynamic scheduler (attempt 79: a counter the grid shares; not in trees from before it)
+    if "TileCounter" not in inspect.signature(hopper._fused_module()._dkdv_dq_kernel.fn).parameters:
+        return
+    for d in [128] if quick else [128, 64]:
+        m, n, stages = hopper.BWD_FUSED[d]
+        descending = hopper.FUSED_Q_DESCENDING.get(d, False)
+        defer = _defer_dk(hopper, d, True)
+        yield (f"gluon fused dkdv+dq d={d} causal bf16 s{stages}{' ptx-reduce' if not native else ''}"
+               f"{' q-descending' if descending else ''}{' defer-dk' if defer else ''} persistent dynamic",
+               hopper._fused_module()._dkdv_dq_kernel,
+               dict(HEAD_DIM=d, BLOCK_M=m, BLOCK_N=n, NUM_STAGES=stages, CAUSAL=True, REDUCE_BY_PTX=not native,
+                    Q_DESCENDING=descending, TAIL_SPLIT=False, EXP_POLY=0, HOIST_STATS=_hoist_stats(hopper, d, True),
+                    DTYPE="bf16", Q_ROWS=m, KV_ROWS=n // 2, DEFER_DK=defer, PERSISTENT=True, DYNAMIC=True,
+                    **regs), 4)
 
 
 def _defer_dk(hopper, head_dim: int, causal: bool) -> bool:

@@ -11,7 +11,10 @@ last steps and epilogue run. Predicted: +5-8% at d64 1k, +2-4% at 2k-4k, nothing
 1k cells, where auto runs the seven-product kernels, may then pass them. (Session 31 measured +5.3%
 and +2.6% at d64 1k, nothing at 2k.) Attempt 78, "lean": without the meeting after each key tile
 (d64), whose loop-carried count made the Triton 3.6 build spill in one consumer's step loop:
-predicted +1-3% over "persistent" at d64, nothing at d128 (which keeps the meeting).
+predicted +1-3% over "persistent" at d64, nothing at d128 (which keeps the meeting). Attempt 79,
+"dynamic": the key tiles from a counter the grid shares, as the forward's dynamic scheduler: causal
+d128 back to at least a program per key tile (fixed turns: 0.91x at 1k, 0.71x at 2k), the rest within
+the runs' spread.
 
 1. With it forced on (and the fused kernel), the gradients against the float64 oracle: fused_bwd.check's
    GQA case, causal and not, and one of 288 key tiles (2-3 a program on 132 SMs); the GPU tests
@@ -19,7 +22,8 @@ predicted +1-3% over "persistent" at d64, nothing at d128 (which keeps the meeti
 2. The kernels alone (CUDA graphs, gluon_sweep.time_config: B·N = 16k tokens, H = 2048 / d, bf16),
    the settings in turn each round: "seven" (FLASHTILE_GLUON_BWD_FUSED=0), "tile" (the fused kernel,
    a program per key tile), "persistent", "lean" (persistent without the meeting after each key tile,
-   attempt 78); medians, TFLOP/s, ratios: persistent / tile, persistent / seven, lean / persistent.
+   attempt 78), "dynamic" (persistent on a counter the grid shares, attempt 79); medians, TFLOP/s,
+   ratios: persistent / tile, persistent / seven, lean / persistent, dynamic / persistent.
 """
 
 from __future__ import annotations
@@ -37,12 +41,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fused_bwd import check  # noqa: E402
 from gluon_sweep import time_config  # noqa: E402
 
+def _setting(fused: str, persistent: str = "0", skip_end_meeting: str = "0", dynamic: str = "0") -> dict:
+    """The environment of one setting: the four switches' values."""
+    return {hopper.FUSED_SWITCH: fused, hopper.FUSED_PERSISTENT_SWITCH: persistent,
+            hopper.SKIP_END_MEETING_SWITCH: skip_end_meeting, hopper.FUSED_DYNAMIC_SWITCH: dynamic}
+
+
 SETTINGS = {
-    "seven": {hopper.FUSED_SWITCH: "0", hopper.FUSED_PERSISTENT_SWITCH: "0"},
-    "tile": {hopper.FUSED_SWITCH: "1", hopper.FUSED_PERSISTENT_SWITCH: "0"},
-    "persistent": {hopper.FUSED_SWITCH: "1", hopper.FUSED_PERSISTENT_SWITCH: "1", hopper.SKIP_END_MEETING_SWITCH: "0"},
-    # attempt 78: persistent, without the warpgroups' meeting after each key tile (d64)
-    "lean": {hopper.FUSED_SWITCH: "1", hopper.FUSED_PERSISTENT_SWITCH: "1", hopper.SKIP_END_MEETING_SWITCH: "1"},
+    "seven": _setting("0"),
+    "tile": _setting("1"),
+    "persistent": _setting("1", "1"),
+    "lean": _setting("1", "1", skip_end_meeting="1"),  # attempt 78: no meeting after each key tile (d64)
+    "dynamic": _setting("1", "1", dynamic="1"),  # attempt 79: key tiles from a counter the grid shares
 }
 
 
@@ -54,7 +64,7 @@ def main():
     args = parser.parse_args()
     os.environ["FLASHTILE_GLUON_BWD"] = "1"
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
-    for name in ("persistent", "lean"):
+    for name in ("persistent", "lean", "dynamic"):
         os.environ.update(SETTINGS[name])
         for head_dim in args.headdims:
             for causal in (False, True):
@@ -62,7 +72,7 @@ def main():
                 check(head_dim, causal, 1000, 1100, batch=4, heads=24)
         print(f"{name}: gradients within the oracle's tolerance (d{args.headdims}, causal and not)", flush=True)
     print(f"\nbackward TFLOP/s, kernels alone (CUDA graphs), medians of {args.rounds} rounds; "
-          "ratios: persistent / tile, persistent / seven, lean / persistent")
+          "ratios: persistent / tile, persistent / seven, lean / persistent, dynamic / persistent")
     for head_dim in args.headdims:
         for seqlen in args.seqlens:
             for causal in (False, True):
@@ -76,7 +86,7 @@ def main():
                 persistent = medians["persistent"]
                 print(f"d{head_dim:<4d} N={seqlen:<6d} {'causal' if causal else 'full  '}  {cells}  "
                       f"{persistent / medians['tile']:5.3f}  {persistent / medians['seven']:5.3f}  "
-                      f"{medians['lean'] / persistent:5.3f}", flush=True)
+                      f"{medians['lean'] / persistent:5.3f}  {medians['dynamic'] / persistent:5.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -302,41 +302,70 @@ def _persistent_consumer(half: gl.constexpr, shared, HEAD_DIM: gl.constexpr, BLO
 
 
 @gluon.jit
+def _load_key_tile(item, ring, local, q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem,
+                   v_smem, lse_smem, delta_smem, kv_ready, kv_empty, q_ready, do_ready, empty, tile_slots, heads_q,
+                   heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, num_items,
+                   HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                   Q_DESCENDING: gl.constexpr):
+    """_persistent_loader's copies of key tile ``item`` of the grid, its program's ``local``-th,
+    after the ``ring`` Q-side tiles its earlier ones sent round the ring: returns how many it sends."""
+    # (the grid's key tiles, not the launch's programs, decide where a group of heads ends)
+    batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
+        item, num_n_blocks, heads_per_group, heads_kv, seqlen_q, seqlen_k, BLOCK_M, 2 * HALF_N, CAUSAL, num_items)
+    count = group_size * n_q_tiles
+    early = gl.minimum(count, NUM_STAGES)
+    stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready,
+                   do_ready, empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
+                   BLOCK_M, NUM_STAGES, Q_DESCENDING, 0, early, ring)
+    mbarrier.wait(kv_empty, (local & 1) ^ 1)  # a fresh barrier passes at once
+    # (the consumers read the slots once kv_ready completes, whose arrival releases these stores)
+    write_slot(tile_slots, BATCH, batch)
+    write_slot(tile_slots, HEAD_KV, head_kv)
+    write_slot(tile_slots, N_START, n_start)
+    write_slot(tile_slots, FIRST_TILE, first_tile)
+    write_slot(tile_slots, N_Q_TILES, n_q_tiles)
+    load_kv_halves(k_desc, v_desc, k_smem, v_smem, kv_ready, batch, head_kv, n_start, HALF_N)
+    stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready,
+                   do_ready, empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
+                   BLOCK_M, NUM_STAGES, Q_DESCENDING, early, count - early, ring + early)
+    return count
+
+
+@gluon.jit
 def _persistent_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse_smem, delta_smem, kv_ready, kv_empty, q_ready, do_ready, empty, tile_slots, heads_q,
                        heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, num_items,
-                       HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                       Q_DESCENDING: gl.constexpr):
+                       TileCounter, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
+                       CAUSAL: gl.constexpr, Q_DESCENDING: gl.constexpr):
     """The loader warp of a persistent program (gluon_bwd._dkdv_loader's copies, key tile after
-    key tile: pid, pid + programs, ... of the grid's order, key_tile_of_program): each tile's first
-    NUM_STAGES Q-side tiles go round the ring as the previous tile's last steps free its slots,
-    before the wait for that tile's K and V to be released (kv_empty); then its coordinates into
-    tile_slots, its K and V, and the rest of its Q-side tiles. After the last tile, N_START = -1
-    and kv_ready completed without a copy."""
+    key tile: pid, pid + programs, ... of the grid's order, key_tile_of_program; with TileCounter,
+    each next one of a counter the grid shares, so that the tiles running at once stay consecutive
+    in the grid's order, as with a program per key tile): each tile's first NUM_STAGES Q-side tiles
+    go round the ring as the previous tile's last steps free its slots, before the wait for that
+    tile's K and V to be released (kv_empty); then its coordinates into tile_slots, its K and V, and
+    the rest of its Q-side tiles (_load_key_tile). After the last tile, N_START = -1 and kv_ready
+    completed without a copy."""
     ring = 0
     local = 0
-    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        # (the grid's key tiles, not the launch's programs, decide where a group of heads ends)
-        batch, head_kv, n_start, first_tile, n_q_tiles, n_q_blocks = key_tile_of_program(
-            item, num_n_blocks, heads_per_group, heads_kv, seqlen_q, seqlen_k, BLOCK_M, 2 * HALF_N, CAUSAL, num_items)
-        count = group_size * n_q_tiles
-        early = gl.minimum(count, NUM_STAGES)
-        stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready,
-                       do_ready, empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
-                       BLOCK_M, NUM_STAGES, Q_DESCENDING, 0, early, ring)
-        mbarrier.wait(kv_empty, (local & 1) ^ 1)  # a fresh barrier passes at once
-        # (the consumers read the slots once kv_ready completes, whose arrival releases these stores)
-        write_slot(tile_slots, BATCH, batch)
-        write_slot(tile_slots, HEAD_KV, head_kv)
-        write_slot(tile_slots, N_START, n_start)
-        write_slot(tile_slots, FIRST_TILE, first_tile)
-        write_slot(tile_slots, N_Q_TILES, n_q_tiles)
-        load_kv_halves(k_desc, v_desc, k_smem, v_smem, kv_ready, batch, head_kv, n_start, HALF_N)
-        stream_q_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready,
-                       do_ready, empty, batch, head_kv, heads_q, group_size, first_tile, n_q_tiles, n_q_blocks,
-                       BLOCK_M, NUM_STAGES, Q_DESCENDING, early, count - early, ring + early)
-        ring += count
-        local += 1
+    if TileCounter is None:
+        for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+            ring += _load_key_tile(item, ring, local, q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem,
+                                   do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, kv_empty, q_ready,
+                                   do_ready, empty, tile_slots, heads_q, heads_kv, group_size, seqlen_q, seqlen_k,
+                                   num_n_blocks, heads_per_group, num_items, HALF_N, BLOCK_M, NUM_STAGES, CAUSAL,
+                                   Q_DESCENDING)
+            local += 1
+    else:
+        # (relaxed: the counter only hands out numbers; nothing else is published through it)
+        item = gl.atomic_add(TileCounter, 1, sem="relaxed")
+        while item < num_items:
+            ring += _load_key_tile(item, ring, local, q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem,
+                                   do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, kv_empty, q_ready,
+                                   do_ready, empty, tile_slots, heads_q, heads_kv, group_size, seqlen_q, seqlen_k,
+                                   num_n_blocks, heads_per_group, num_items, HALF_N, BLOCK_M, NUM_STAGES, CAUSAL,
+                                   Q_DESCENDING)
+            local += 1
+            item = gl.atomic_add(TileCounter, 1, sem="relaxed")
     mbarrier.wait(kv_empty, (local & 1) ^ 1)
     write_slot(tile_slots, N_START, -1)
     mbarrier.arrive(kv_ready.index(0), count=1)
@@ -374,7 +403,7 @@ def _persistent_programs(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_
                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr,
                          CONSUMER_REGS: gl.constexpr, REDUCE_BY_PTX: gl.constexpr, Q_DESCENDING: gl.constexpr,
                          EXP_POLY: gl.constexpr, HOIST_STATS: gl.constexpr, DEFER_DK: gl.constexpr,
-                         SKIP_END_MEETING: gl.constexpr):
+                         SKIP_END_MEETING: gl.constexpr, TileCounter):
     """_dkdv_dq_kernel's PERSISTENT body: the same buffers and barriers as a program per key tile,
     and kv_empty (both consumer warpgroups arrive once a key tile's K and V are free)."""
     HALF_N: gl.constexpr = BLOCK_N // 2
@@ -399,7 +428,7 @@ def _persistent_programs(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_
         (_persistent_loader, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                               lse_smem, delta_smem, kv_ready, kv_empty, q_ready, do_ready, empty, tile_slots,
                               heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group,
-                              num_items, HALF_N, BLOCK_M, NUM_STAGES, CAUSAL, Q_DESCENDING)),
+                              num_items, TileCounter, HALF_N, BLOCK_M, NUM_STAGES, CAUSAL, Q_DESCENDING)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -413,7 +442,7 @@ def _entry_name(specialization) -> str:
 def _dkdv_dq_kernel(
     q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_acc_desc,
     heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad, qk_scale, softmax_scale,
-    n_whole, splits, DkPart, DvPart,
+    n_whole, splits, DkPart, DvPart, TileCounter,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     REDUCE_BY_PTX: gl.constexpr = False, Q_DESCENDING: gl.constexpr = False, TAIL_SPLIT: gl.constexpr = False,
@@ -443,17 +472,20 @@ def _dkdv_dq_kernel(
     SM), each taking the key tiles pid, pid + programs, ... of the order above: the CTA's start is
     paid once per program, and the next tile's K, V and first Q-side tiles load while this one's
     last steps and epilogue run (_persistent_loader, _persistent_consumer; SKIP_END_MEETING: see
-    _persistent_consumer)."""
+    _persistent_consumer). ``TileCounter`` (persistent programs; else None): an int32 zeroed for
+    the launch, from which the loaders take their key tiles in the grid's order (a dynamic
+    scheduler, FlashAttention-3's) instead of in fixed turns."""
     gl.static_assert(num_warps == 4)
     gl.static_assert(not (PERSISTENT and TAIL_SPLIT))
     gl.static_assert(PERSISTENT or not SKIP_END_MEETING)
+    gl.static_assert(PERSISTENT or TileCounter is None)
     HALF_N: gl.constexpr = BLOCK_N // 2
     if PERSISTENT:
         _persistent_programs(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_acc_desc,
                              heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad,
                              qk_scale, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, LOADER_REGS,
                              CONSUMER_REGS, REDUCE_BY_PTX, Q_DESCENDING, EXP_POLY, HOIST_STATS, DEFER_DK,
-                             SKIP_END_MEETING)
+                             SKIP_END_MEETING, TileCounter)
         return
     if TAIL_SPLIT:
         r = gl.program_id(0) - n_whole  # >= 0: a part, the r-th of the split parts

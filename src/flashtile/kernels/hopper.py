@@ -408,6 +408,14 @@ FUSED_PERSISTENT_PROGRAMS: int | None = None
 # FLASHTILE_GLUON_BWD_SKIP_END_MEETING (auto, 0, 1).
 FUSED_SKIP_END_MEETING = False
 SKIP_END_MEETING_SWITCH = "FLASHTILE_GLUON_BWD_SKIP_END_MEETING"
+# Whether persistent five-product programs take their key tiles from a counter the grid shares (a
+# dynamic scheduler, as the forward's PERSISTENT_DYNAMIC) instead of in fixed turns, by causal.
+# Attempt 79, written after session 31's device time: its fixed turns lost 9% at causal d128 1k and
+# 29% at 2k against a program per key tile, where the forward's fixed turns had lost before its
+# dynamic scheduler (attempt 63). The counter is an int32 in an extra row of the zeroed dQ sum, so it
+# costs no launch. Off until timed. FLASHTILE_GLUON_BWD_DYNAMIC (auto, 0, 1).
+FUSED_DYNAMIC = {False: False, True: False}
+FUSED_DYNAMIC_SWITCH = "FLASHTILE_GLUON_BWD_DYNAMIC"
 
 
 def _fused_table_setting(switch: str, table: dict, head_dim: int, causal: bool) -> bool:
@@ -445,6 +453,13 @@ def fused_skip_end_meeting() -> bool:
     persistent launches; the kernel applies it where dK and dV are staged apart from K)."""
     value = setting(name=SKIP_END_MEETING_SWITCH)
     return FUSED_SKIP_END_MEETING if value == "auto" else value == "1"
+
+
+def fused_dynamic(causal: bool) -> bool:
+    """FUSED_DYNAMIC's entry for ``causal``, or FLASHTILE_GLUON_BWD_DYNAMIC where not auto (read only
+    for persistent launches)."""
+    value = setting(name=FUSED_DYNAMIC_SWITCH)
+    return FUSED_DYNAMIC[causal] if value == "auto" else value == "1"
 
 
 def fused_exp_poly(head_dim: int) -> int:
@@ -1246,11 +1261,19 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     lse2, delta = stats.lse2, stats.delta
     s_pad = lse2.shape[1]
     block_m, block_n, stages = BWD_FUSED[head_dim]
-    dq_acc = torch.zeros(batch * heads_q * s_pad, head_dim, dtype=torch.float32, device=q.device)
-    box = (block_m, head_dim // 2)
-    dq_acc_desc = _descriptor(dq_acc, box, _sum_layout(box, dq_sum_swizzle()))
     num_n_blocks = cdiv(seqlen_k, block_n)
     group = heads_q // heads_kv
+    programs = num_n_blocks * batch * heads_kv
+    split = _takes_tail_split(q, causal, programs, group * cdiv(seqlen_q, block_m))
+    persistent = split is None and fused_persistent(head_dim, causal, group * seqlen_q)
+    dynamic = persistent and fused_dynamic(causal)
+    # (persistent programs on the dynamic scheduler: their counter is an int32 in an extra row of the
+    # zeroed sum, so that it is zeroed with it, in the same launch)
+    sum_rows = batch * heads_q * s_pad
+    dq_acc = torch.zeros(sum_rows + (1 if dynamic else 0), head_dim, dtype=torch.float32, device=q.device)
+    counter = dq_acc[sum_rows].view(torch.int32)[:1] if dynamic else None
+    box = (block_m, head_dim // 2)
+    dq_acc_desc = _descriptor(dq_acc[:sum_rows] if dynamic else dq_acc, box, _sum_layout(box, dq_sum_swizzle()))
     # Each program streams its group's Q and dO (2-byte inputs) and adds into the dQ sum's rows
     # of those heads, as many bytes again in float32: both count against the group's L2 budget
     # (session 20, attempt 52: at d128 causal 16k one head a group was 2.6% faster than two).
@@ -1262,13 +1285,11 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     if by_ptx:  # the reduction is a TMA store, rewritten as the kernel builds
         tma_reduce_ptx.install()
         check = tma_reduce_ptx.check
-    programs = num_n_blocks * batch * heads_kv
-    split = _takes_tail_split(q, causal, programs, group * cdiv(seqlen_q, block_m))
     tail = (0, 1, None, None)  # (n_whole, splits, DkPart, DvPart): no split
     # (PERSISTENT passed only when on: the launch of a program per key tile keeps its arguments
     # and fast_launch key)
     extra = {}
-    if split is None and fused_persistent(head_dim, causal, group * seqlen_q):
+    if persistent:
         extra["PERSISTENT"] = True
         if fused_skip_end_meeting():
             extra["SKIP_END_MEETING"] = True
@@ -1285,7 +1306,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
         tile(q, block_m), tile(dout, block_m), tile(k, block_n // 2), tile(v, block_n // 2), tile(dk, block_n // 2),
         tile(dv, block_n // 2), _stats(lse2, block_m), _stats(delta, block_m), dq_acc_desc,
         heads_q, heads_kv, group, seqlen_q, seqlen_k, num_n_blocks, heads_per_group, s_pad,
-        softmax_scale * LOG2E, softmax_scale, *tail,
+        softmax_scale * LOG2E, softmax_scale, *tail, counter,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, CAUSAL=causal,
         LOADER_REGS=24, CONSUMER_REGS=240, num_warps=4, REDUCE_BY_PTX=by_ptx,
         Q_DESCENDING=causal and FUSED_Q_DESCENDING.get(head_dim, False), TAIL_SPLIT=split is not None,
