@@ -494,21 +494,29 @@ def test_the_tail_split_is_off_under_auto_and_for_causal_grids(monkeypatch):
     assert hopper._takes_tail_split(q, False, 2048, 256) is None
 
 
+def _stubbed_fused_backward(monkeypatch) -> list:
+    """The host side of the five-product backward with its kernels stubbed: FLASHTILE_GLUON_BWD_FUSED=1,
+    Gluon's TMA reduction (no PTX rewrite to check), no preprocess; returns the list its kernels'
+    launches go to ((name, grid, args, constexprs), as _RecordLaunch records them)."""
+    gluon_bwd_fused = hopper._fused_module()
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
+    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
+    launches = []
+    for name in ("_dkdv_dq_kernel", "_dq_convert", "_dkdv_parts_convert"):
+        monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name))
+    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: None)
+    return launches
+
+
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 def test_a_split_fused_backward_launches_the_parts_and_sums_them_back(monkeypatch):
     # The host side with the tail split on (kernels stubbed): 12 programs (2 batches × 2 kv
     # heads × 3 key tiles) on a pretend 5 SMs end at 3 waves; the last 2 in 2 parts each end at
     # 2.5. The kernel gets the parts' grid, n_whole, splits and the float32 partials; the
     # conversion sums each split tile's parts into dk and dv.
-    gluon_bwd_fused = hopper._fused_module()
-    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
+    launches = _stubbed_fused_backward(monkeypatch)
     monkeypatch.setenv(hopper.TAIL_SWITCH, "1")
     monkeypatch.setattr(hopper, "sm_count", lambda device: 5)
-    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
-    launches = []
-    for name in ("_dkdv_dq_kernel", "_dq_convert", "_dkdv_parts_convert"):
-        monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name))
-    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: None)
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = 2, 6, 2, 2048, 333
     q, dout, dq, out = (torch.randn(batch, heads_q, seqlen_q, 128, dtype=torch.bfloat16) for _ in range(4))
     k, v, dk, dv = (torch.randn(batch, heads_kv, seqlen_k, 128, dtype=torch.bfloat16) for _ in range(4))
@@ -1575,15 +1583,9 @@ def test_a_dynamic_persistent_backward_counts_its_tiles_in_an_extra_row_of_the_z
     # Attempt 79 (kernels stubbed): the dynamic scheduler's counter is the first int32 of an extra
     # row of the dQ sum, zeroed with it; the sum's descriptor covers the rows before it, and the
     # conversion reads the same buffer. Off under auto (FUSED_DYNAMIC); fixed turns pass None.
-    gluon_bwd_fused = hopper._fused_module()
-    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
+    launches = _stubbed_fused_backward(monkeypatch)
     monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "1")
-    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
     monkeypatch.setattr(hopper, "sm_count", lambda device: 5)
-    launches = []
-    for name in ("_dkdv_dq_kernel", "_dq_convert"):
-        monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name))
-    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: None)
     q, dout, dq, out = (torch.randn(2, 6, 300, 128, dtype=torch.bfloat16) for _ in range(4))
     k, v, dk, dv = (torch.randn(2, 2, 333, 128, dtype=torch.bfloat16) for _ in range(4))
     for dynamic in ("auto", "1"):
@@ -1620,15 +1622,9 @@ def test_auto_counts_the_rows_a_key_tile_streams_for_persistent_programs(monkeyp
     # The rows a key tile streams are its kv head's query heads × Sq: 1000 rows under MHA run
     # persistent programs at d64, 1000 rows in groups of 4 query heads (4000 a key tile, as many
     # steps as 4k MHA rows, where persistence gained nothing) do not (kernels stubbed).
-    gluon_bwd_fused = hopper._fused_module()
-    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
+    launches = _stubbed_fused_backward(monkeypatch)
     monkeypatch.delenv(hopper.FUSED_PERSISTENT_SWITCH, raising=False)
-    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
     monkeypatch.setattr(hopper, "sm_count", lambda device: 132)
-    launches = []
-    for name in ("_dkdv_dq_kernel", "_dq_convert"):
-        monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name))
-    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: None)
     for heads_kv, expected in ((8, True), (2, None)):
         q, dout, dq, out = (torch.randn(1, 8, 1000, 64, dtype=torch.bfloat16) for _ in range(4))
         k, v, dk, dv = (torch.randn(1, heads_kv, 1000, 64, dtype=torch.bfloat16) for _ in range(4))
@@ -1644,13 +1640,7 @@ def test_a_persistent_fused_backward_launches_a_program_an_sm_and_never_with_the
     # passes no PERSISTENT (its arguments and fast_launch key as before there was a choice); and
     # where the tail split is asked for too and splits (12 key tiles of 333 keys on 5 SMs, as in
     # the split's own test), the split wins and the launch is a program per key tile or part.
-    gluon_bwd_fused = hopper._fused_module()
-    monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
-    monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
-    launches = []
-    for name in ("_dkdv_dq_kernel", "_dq_convert", "_dkdv_parts_convert"):
-        monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name))
-    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: None)
+    launches = _stubbed_fused_backward(monkeypatch)
     batch, heads_q, heads_kv, seqlen_q = 2, 6, 2, 2048
     q, dout, dq, out = (torch.randn(batch, heads_q, seqlen_q, 128, dtype=torch.bfloat16) for _ in range(4))
 
