@@ -347,24 +347,17 @@ def _persistent_loader(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_
     completed without a copy."""
     ring = 0
     local = 0
-    if TileCounter is None:
-        for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-            ring += _load_key_tile(item, ring, local, q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem,
-                                   do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, kv_empty, q_ready,
-                                   do_ready, empty, tile_slots, heads_q, heads_kv, group_size, seqlen_q, seqlen_k,
-                                   num_n_blocks, heads_per_group, num_items, HALF_N, BLOCK_M, NUM_STAGES, CAUSAL,
-                                   Q_DESCENDING)
-            local += 1
-    else:
-        # (relaxed: the counter only hands out numbers; nothing else is published through it)
-        item = gl.atomic_add(TileCounter, 1, sem="relaxed")
-        while item < num_items:
-            ring += _load_key_tile(item, ring, local, q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem,
-                                   do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, kv_empty, q_ready,
-                                   do_ready, empty, tile_slots, heads_q, heads_kv, group_size, seqlen_q, seqlen_k,
-                                   num_n_blocks, heads_per_group, num_items, HALF_N, BLOCK_M, NUM_STAGES, CAUSAL,
-                                   Q_DESCENDING)
-            local += 1
+    # (relaxed: the counter only hands out numbers; nothing else is published through it)
+    item = gl.program_id(0) if TileCounter is None else gl.atomic_add(TileCounter, 1, sem="relaxed")
+    while item < num_items:
+        ring += _load_key_tile(item, ring, local, q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem,
+                               do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_ready, kv_empty, q_ready, do_ready,
+                               empty, tile_slots, heads_q, heads_kv, group_size, seqlen_q, seqlen_k, num_n_blocks,
+                               heads_per_group, num_items, HALF_N, BLOCK_M, NUM_STAGES, CAUSAL, Q_DESCENDING)
+        local += 1
+        if TileCounter is None:
+            item += gl.num_programs(0)
+        else:
             item = gl.atomic_add(TileCounter, 1, sem="relaxed")
     mbarrier.wait(kv_empty, (local & 1) ^ 1)
     write_slot(tile_slots, N_START, -1)
