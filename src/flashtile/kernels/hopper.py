@@ -85,6 +85,13 @@ def setting(backward: bool = False, name: str | None = None) -> str:
     return value
 
 
+def switched(name: str, under_auto: bool) -> bool:
+    """The on/off switch ``name``: ``under_auto`` (what the H200 measured) where it is auto, else
+    its 1 or 0."""
+    value = setting(name=name)
+    return under_auto if value == "auto" else value == "1"
+
+
 def choice(name: str, allowed: tuple[str, ...], what: str = "") -> str:
     """The switch ``name`` that takes auto (also unset or empty) or one of ``allowed``; ``what``
     (e.g. "bytes") goes in the error's list."""
@@ -421,8 +428,7 @@ FUSED_DYNAMIC_SWITCH = "FLASHTILE_GLUON_BWD_DYNAMIC"
 def _fused_table_setting(switch: str, table: dict, head_dim: int, causal: bool) -> bool:
     """Under ``switch`` auto, ``table``'s entry for (``head_dim``, ``causal``) (False where it has
     none); else the switch's 1 or 0."""
-    value = setting(name=switch)
-    return table.get((head_dim, causal), False) if value == "auto" else value == "1"
+    return switched(switch, table.get((head_dim, causal), False))
 
 
 def fused_defer_dk(head_dim: int, causal: bool) -> bool:
@@ -442,24 +448,20 @@ def fused_persistent(head_dim: int, causal: bool, rows: int) -> bool:
     (query heads of a kv head × Sq) are at most FUSED_PERSISTENT_MAX_ROWS, or
     FLASHTILE_GLUON_BWD_PERSISTENT where not auto (a tail split, FLASHTILE_GLUON_BWD_TAIL, still
     runs a program per key tile or part: _fused_backward)."""
-    value = setting(name=FUSED_PERSISTENT_SWITCH)
-    if value != "auto":
-        return value == "1"
-    return FUSED_PERSISTENT.get((head_dim, causal), False) and rows <= FUSED_PERSISTENT_MAX_ROWS
+    return switched(FUSED_PERSISTENT_SWITCH,
+                    FUSED_PERSISTENT.get((head_dim, causal), False) and rows <= FUSED_PERSISTENT_MAX_ROWS)
 
 
 def fused_skip_end_meeting() -> bool:
     """FUSED_SKIP_END_MEETING, or FLASHTILE_GLUON_BWD_SKIP_END_MEETING where not auto (read only for
     persistent launches; the kernel applies it where dK and dV are staged apart from K)."""
-    value = setting(name=SKIP_END_MEETING_SWITCH)
-    return FUSED_SKIP_END_MEETING if value == "auto" else value == "1"
+    return switched(SKIP_END_MEETING_SWITCH, FUSED_SKIP_END_MEETING)
 
 
 def fused_dynamic(causal: bool) -> bool:
     """FUSED_DYNAMIC's entry for ``causal``, or FLASHTILE_GLUON_BWD_DYNAMIC where not auto (read only
     for persistent launches)."""
-    value = setting(name=FUSED_DYNAMIC_SWITCH)
-    return FUSED_DYNAMIC[causal] if value == "auto" else value == "1"
+    return switched(FUSED_DYNAMIC_SWITCH, FUSED_DYNAMIC[causal])
 
 
 def fused_exp_poly(head_dim: int) -> int:
@@ -805,14 +807,12 @@ def spread_programs(programs: int, tiles_per_row: int, items: int) -> int:
 
 def _spread() -> bool:
     """PERSISTENT_SPREAD, or FLASHTILE_GLUON_FWD_SPREAD where not auto."""
-    value = setting(name=SPREAD_SWITCH)
-    return PERSISTENT_SPREAD if value == "auto" else value == "1"
+    return switched(SPREAD_SWITCH, PERSISTENT_SPREAD)
 
 
 def _early_coords() -> bool:
     """PERSISTENT_EARLY_COORDS, or FLASHTILE_GLUON_FWD_EARLY_COORDS where not auto."""
-    value = setting(name=EARLY_COORDS_SWITCH)
-    return PERSISTENT_EARLY_COORDS if value == "auto" else value == "1"
+    return switched(EARLY_COORDS_SWITCH, PERSISTENT_EARLY_COORDS)
 
 
 def persistent_dynamic(causal: bool, seqlen_k: int) -> bool:
