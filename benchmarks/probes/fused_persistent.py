@@ -55,16 +55,33 @@ SETTINGS = {
     "dynamic": _setting("1", "1", dynamic="1"),  # attempt 79: key tiles from a counter the grid shares
 }
 
+# The ratios printed after each row's TFLOP/s, (numerator, denominator) settings.
+RATIOS = (("persistent", "tile"), ("persistent", "seven"), ("lean", "persistent"), ("dynamic", "persistent"),
+          ("dynamic", "tile"))
+
+
+def _ratio(medians: dict, top: str, bottom: str) -> str:
+    """``top``'s TFLOP/s over ``bottom``'s, or a dash where either was not timed."""
+    if top not in medians or bottom not in medians:
+        return "  -  "
+    return f"{medians[top] / medians[bottom]:5.3f}"
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--headdims", nargs="+", type=int, default=[64, 128])
     parser.add_argument("--seqlens", nargs="+", type=int, default=[1024, 2048, 4096])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--causal", choices=("both", "yes", "no"), default="both",
+                        help="which masks to time (default both)")
+    parser.add_argument("--settings", nargs="+", choices=tuple(SETTINGS), default=list(SETTINGS),
+                        help="the settings to check and time (default all; ratios need their settings)")
+    parser.add_argument("--no-check", action="store_true", help="skip the oracle checks (timing only)")
     args = parser.parse_args()
+    masks = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     os.environ["FLASHTILE_GLUON_BWD"] = "1"
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
-    for name in ("persistent", "lean", "dynamic"):
+    for name in [name for name in ("persistent", "lean", "dynamic") if name in args.settings and not args.no_check]:
         os.environ.update(SETTINGS[name])
         for head_dim in args.headdims:
             for causal in (False, True):
@@ -72,21 +89,21 @@ def main():
                 check(head_dim, causal, 1000, 1100, batch=4, heads=24)
         print(f"{name}: gradients within the oracle's tolerance (d{args.headdims}, causal and not)", flush=True)
     print(f"\nbackward TFLOP/s, kernels alone (CUDA graphs), medians of {args.rounds} rounds; "
-          "ratios: persistent / tile, persistent / seven, lean / persistent, dynamic / persistent")
+          "ratios: persistent / tile, persistent / seven, lean / persistent, dynamic / persistent, dynamic / tile "
+          "(- where a setting was not timed)")
     for head_dim in args.headdims:
         for seqlen in args.seqlens:
-            for causal in (False, True):
-                times = {name: [] for name in SETTINGS}
+            for causal in masks:
+                times = {name: [] for name in args.settings}
                 for _ in range(args.rounds):
-                    for name, env in SETTINGS.items():
-                        os.environ.update(env)
+                    for name in args.settings:
+                        os.environ.update(SETTINGS[name])
                         times[name].append(time_config("bwd", head_dim, seqlen, causal))
                 medians = {name: statistics.median(t) for name, t in times.items()}
-                cells = "  ".join(f"{name} {medians[name]:5.0f}" for name in SETTINGS)
-                persistent = medians["persistent"]
-                print(f"d{head_dim:<4d} N={seqlen:<6d} {'causal' if causal else 'full  '}  {cells}  "
-                      f"{persistent / medians['tile']:5.3f}  {persistent / medians['seven']:5.3f}  "
-                      f"{medians['lean'] / persistent:5.3f}  {medians['dynamic'] / persistent:5.3f}", flush=True)
+                cells = "  ".join(f"{name} {medians[name]:5.0f}" for name in args.settings)
+                ratios = "  ".join(_ratio(medians, top, bottom) for top, bottom in RATIOS)
+                print(f"d{head_dim:<4d} N={seqlen:<6d} {'causal' if causal else 'full  '}  {cells}  {ratios}",
+                      flush=True)
 
 
 if __name__ == "__main__":
