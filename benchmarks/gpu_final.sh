@@ -89,6 +89,9 @@
 #   bash benchmarks/gpu_final.sh dq-swizzle  # the fused backward's dQ staging box under the 32-byte swizzle: its
 #                                        # GPU tests, probes/dq_swizzle.py (128/64/32/0 in turn), ncu's excess
 #                                        # shared-memory wavefronts; ~300 s
+#   bash benchmarks/gpu_final.sh auto-grid # session 32's auto settings (causal five-product programs on the
+#                                        # dynamic scheduler, early coordinates for the causal d64 forward):
+#                                        # their GPU tests under auto, then the grid as `grid`; ~450 s
 #   bash benchmarks/gpu_final.sh grid      # the speed table's grid, flashtile bench beside FA2, cuDNN, Flex; ~210 s
 #   bash benchmarks/gpu_final.sh host      # short calls' host time: the replay tests, then probes/host_profile.py
 #                                        # --calibrate at d128 and d256 (flashtile beside SDPA); ~90 s
@@ -626,6 +629,17 @@ case ${1:-tests} in
       -c 1 --section SourceCounters python3 benchmarks/probes/fused_bwd_ncu.py > "$OUT/ncu-swizzle.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-swizzle.log"; grep -v "Warn\|warn" "$OUT/dq-swizzle.log"
     grep -i "excessive\|wavefronts" "$OUT/ncu-swizzle.log"; cat "$OUT/times.txt" ;;
+  auto-grid)
+    # A change of what auto picks (session 32: causal persistent five-product programs on the dynamic
+    # scheduler, causal d128 on the fused kernel at every length, the causal d64 forward's consumers
+    # reading each item's coordinates from the loader): the GPU tests that run those picks under auto
+    # (the fused grid with persistence and the scheduler left to auto, the persistent tests, the auto
+    # dispatch, CUDA-graph replay, the LSE gradient, the causal d64 forward grid), then the grid.
+    gluon_tests tests-auto.log "${TEST_LIMIT:-220}" 200 tests/test_gluon.py -m gpu -k "${AUTO_SELECTION:-fused_backward_grid \
+      or persistent_programs_matches or by_default or replay or lse_gradient or (gluon_forward_grid and d64 and causal)}"
+    step timeout 400 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k 4k 16k \
+      --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-auto.log"; grep -v "Warn" "$OUT/bench.log" | tail -60; cat "$OUT/times.txt" ;;
   grid)
     # The speed table's grid (docs/performance.md's current table, the README plot): d64, d128,
     # d256 at 1k, 4k, 16k beside FA2, cuDNN and FlexAttention; ~210 s.

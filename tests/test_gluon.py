@@ -446,19 +446,25 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
         assert d.block_shape == [1, 1, n // 2, width]
     assert lse_desc.base is lse2 and delta_desc.base is delta and lse_desc.block_shape == [1, m]
     dq_sum = sum_desc.base
-    assert dq_sum.shape == (batch * heads_q * s_pad, width) and dq_sum.dtype == torch.float32
+    rows = batch * heads_q * s_pad
+    assert dq_sum.shape == (rows, width) and dq_sum.dtype == torch.float32
     assert not dq_sum.any() and sum_desc.block_shape == [m, width // 2]
     num_n_blocks = triton.cdiv(seqlen_k, n)
     assert grid == (num_n_blocks * batch * heads_kv,)  # (12 key tiles: persistent or not, a program each)
-    # persistent programs where auto says (attempt 76: d64 causal at 300 rows, not d128 causal)
-    assert const.get("PERSISTENT", False) == hopper.fused_persistent(width, True, seqlen_q) == (width == 64)
+    # persistent programs on the dynamic scheduler where auto says (sessions 31, 32: causal d64 at
+    # 300 rows, causal d128 at any count)
+    assert const["PERSISTENT"] and hopper.fused_persistent(width, True, seqlen_q) and hopper.fused_dynamic(True)
     scale = head_dim ** -0.5
     # causal, and the kv heads' Q and dO far inside L2: one group of every (batch, kv head) row
-    assert args[9:] == (heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, batch * heads_kv,
-                        s_pad, pytest.approx(scale * hopper.LOG2E), scale, 0, 1, None, None, None)
-    # (no tail split; no tile counter: persistent programs in fixed turns, or none)
-    assert not const["TAIL_SPLIT"]
-    assert args_convert[0] is dq_sum and args_convert[1] is dq
+    assert args[9:23] == (heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks,
+                          batch * heads_kv, s_pad, pytest.approx(scale * hopper.LOG2E), scale, 0, 1, None, None)
+    # (no tail split) the tile counter: the first int32 of an extra row after the sum's, zeroed with it
+    counter = args[23]
+    assert not const["TAIL_SPLIT"] and counter.dtype == torch.int32 and int(counter) == 0
+    sum_and_counter = args_convert[0]
+    assert sum_and_counter.shape == (rows + 1, width) and not sum_and_counter.any()
+    assert sum_and_counter.data_ptr() == dq_sum.data_ptr() and counter.data_ptr() == sum_and_counter[rows].data_ptr()
+    assert args_convert[1] is dq
     assert args_convert[2:] == (*dq.stride()[:3], heads_q, seqlen_q, head_dim, s_pad, scale)
     # batch × heads on the grid's first axis: the second stops at 65535
     assert grid_convert == (batch * heads_q, triton.cdiv(seqlen_q, const_convert["BLOCK"]))
@@ -531,8 +537,9 @@ def test_a_split_fused_backward_launches_the_parts_and_sums_them_back(monkeypatc
     assert args_sum[4:] == (*dk.stride()[:3], *dv.stride()[:3], 10, 2, 3, heads_kv, seqlen_k, 128)
     launches.clear()
     hopper.backward(q, k, v, out, dout, torch.randn(batch, heads_q, seqlen_q), None, 0.125, True, dq, dk, dv)
-    (_, grid, args, const), _ = launches  # causal: no split
-    assert grid == (12,) and not const["TAIL_SPLIT"] and args[19:] == (0, 1, None, None, None)
+    (_, grid, args, const), _ = launches  # causal: no split (persistent programs on the counter)
+    assert grid == (5,) and not const["TAIL_SPLIT"] and args[19:23] == (0, 1, None, None)
+    assert const["PERSISTENT"] and args[23].dtype == torch.int32
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
@@ -624,18 +631,17 @@ def test_a_fused_backward_that_fails_to_build_falls_back_under_auto_and_is_an_er
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_same_bits(monkeypatch):
-    def takes(head_dim=128, seqlen_k=16384, causal=False, deterministic=False, call_head_dim=None):
+    def takes(head_dim=128, causal=False, deterministic=False, call_head_dim=None):
         """Whether a (1, 16, 16384, call_head_dim) q on the kernels of ``head_dim`` takes it."""
         q = torch.empty(1, 1, 1, call_head_dim or head_dim, dtype=torch.bfloat16).expand(1, 16, 16384, -1)
-        return hopper._takes_fused(q, head_dim, seqlen_k, causal, 16384, deterministic)
+        return hopper._takes_fused(q, head_dim, causal, 16384, deterministic)
 
     monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD_FUSED", raising=False)
     assert hopper.FUSED_UNDER_AUTO  # on since the epilogue's barrier ran on the H200 (session 13)
-    assert takes() and takes(seqlen_k=1024) and takes(causal=True) and takes(seqlen_k=4096, causal=True)
-    assert not takes(seqlen_k=2048, causal=True)  # d128 causal from 4k keys (session 20)
-    assert takes(head_dim=64) and takes(head_dim=64, seqlen_k=4096, causal=True)  # d64: 128-row tiles
-    assert takes(head_dim=64, seqlen_k=1024, causal=True)  # d64 causal at every length (session 31)
+    # at every length, causal or not, at d64 and d128 (since session 32: causal d128 on persistent
+    # programs from the dynamic scheduler; sessions 20-31 took it from 4k keys only)
+    assert takes() and takes(causal=True) and takes(head_dim=64) and takes(head_dim=64, causal=True)
     assert not takes(head_dim=256)  # no d256 kernel
     assert not takes(deterministic=True)
     assert not takes(call_head_dim=96)  # the d128 kernel over zero columns: not timed so
@@ -647,7 +653,7 @@ def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_sam
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     assert takes()
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
-    assert takes(head_dim=64) and takes(seqlen_k=1024, causal=True) and not takes(deterministic=True)
+    assert takes(head_dim=64) and takes(causal=True) and not takes(deterministic=True)
     assert takes(call_head_dim=96) and takes(head_dim=64, call_head_dim=40)
     assert not takes(head_dim=256)
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "0")
@@ -659,10 +665,10 @@ def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_sam
     monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", False)
     assert not takes()
     monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", True)
-    assert takes() and not takes(seqlen_k=2048, causal=True) and not takes(deterministic=True)
+    assert takes() and takes(causal=True) and not takes(call_head_dim=96) and not takes(deterministic=True)
     monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", False)
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
-    assert takes() and takes(head_dim=64, seqlen_k=1024, causal=True) and not takes(deterministic=True)
+    assert takes() and takes(head_dim=64, causal=True) and not takes(deterministic=True)
 
 
 def test_deterministic_reaches_the_backward_op(monkeypatch):
@@ -891,7 +897,10 @@ def test_early_coords_go_to_persistent_launches_only_and_only_when_on(monkeypatc
 
     off = launch("0")
     assert "EARLY_COORDS" not in off[3] and off[3]["PERSISTENT"] is True
-    assert launch("auto")[3].get("EARLY_COORDS", False) is hopper.PERSISTENT_EARLY_COORDS is False
+    # auto: the table's entry (session 32: causal d64 only)
+    assert "EARLY_COORDS" not in launch("auto")[3] and hopper.PERSISTENT_EARLY_COORDS == {(64, True): True}
+    assert launch("auto", causal=True)[3]["EARLY_COORDS"] is True
+    assert "EARLY_COORDS" not in launch("auto", causal=True, head_dim=128)[3]
     for dynamic in (False, True):  # fixed turns and the dynamic scheduler (its counter passed as before)
         monkeypatch.setattr(hopper, "PERSISTENT_DYNAMIC", dynamic)
         for causal in (False, True):
@@ -907,8 +916,9 @@ def test_early_coords_go_to_persistent_launches_only_and_only_when_on(monkeypatc
     assert {key: value for key, value in on[3].items() if key != "EARLY_COORDS"} == off[3]
     assert "EARLY_COORDS" not in launch("0")[3]
     assert "EARLY_COORDS" not in launch("1", persistent="0")[3]  # a program per Q tile: nothing to carry
-    monkeypatch.setattr(hopper, "PERSISTENT_EARLY_COORDS", True)  # what auto follows
+    monkeypatch.setattr(hopper, "PERSISTENT_EARLY_COORDS", {(64, False): True})  # what auto follows
     assert launch("auto")[3]["EARLY_COORDS"] is True and "EARLY_COORDS" not in launch("0")[3]
+    assert "EARLY_COORDS" not in launch("auto", causal=True)[3]
     monkeypatch.setenv(hopper.EARLY_COORDS_SWITCH, "2")
     with pytest.raises(ValueError, match="FLASHTILE_GLUON_FWD_EARLY_COORDS: expected one of auto, 1, 0, got '2'"):
         hopper.forward(*(torch.randn(1, 2, 100, 64, dtype=torch.bfloat16) for _ in range(4)), 0.125, causal=False)
@@ -936,7 +946,10 @@ def test_persistent_forward_launches_a_program_per_sm_at_most(monkeypatch, head_
     # 3-stage d128 ring leave no room for it)
     assert constexprs["Q_BUFFERS"] == buffers == hopper.forward_q_buffers(
         hopper.kernel_head_dim(head_dim), constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["NUM_STAGES"])
-    assert {key: value for key, value in constexprs.items() if key not in ("PERSISTENT", "Q_BUFFERS")} == plain
+    # (and, causal at d64, each item's coordinates from the loader: PERSISTENT_EARLY_COORDS)
+    assert constexprs.get("EARLY_COORDS", False) == (hopper.kernel_head_dim(head_dim) == 64)
+    assert {key: value for key, value in constexprs.items()
+            if key not in ("PERSISTENT", "Q_BUFFERS", "EARLY_COORDS")} == plain
     # the early K/V copies (PERSISTENT_EARLY_KV) go to launches of one Q buffer only
     monkeypatch.setattr(hopper, "PERSISTENT_EARLY_KV", True)
     hopper.forward(q, k, v, out, 0.125, causal=True)
@@ -1571,34 +1584,38 @@ def test_the_persistent_switch_names_what_it_takes_and_auto_follows_the_table(mo
     assert not hopper.fused_persistent(64, True, 1024) and not hopper.fused_persistent(128, False, 1024)
     monkeypatch.delenv(hopper.FUSED_PERSISTENT_SWITCH)
     cases = [(d, causal) for d in (64, 128) for causal in (False, True)]
-    assert [hopper.fused_persistent(*case, 1024) for case in cases] == [hopper.FUSED_PERSISTENT[case]
-                                                                          for case in cases]
-    # as timed (session 31): at 1k rows but for causal d128; not past FUSED_PERSISTENT_MAX_ROWS
-    assert [hopper.fused_persistent(*case, 1024) for case in cases] == [True, True, True, False]
-    assert not any(hopper.fused_persistent(*case, 2048) for case in cases)
+    # as timed (sessions 31, 32): at up to 1k rows a key tile, causal d128 (on the dynamic
+    # scheduler) at any count; no d256 kernel
+    assert [hopper.fused_persistent(*case, 1024) for case in cases] == [True, True, True, True]
+    assert [hopper.fused_persistent(*case, 1025) for case in cases] == [False, False, False, True]
+    assert hopper.fused_persistent(128, True, 131072) and not hopper.fused_persistent(256, False, 1024)
+    monkeypatch.setattr(hopper, "FUSED_PERSISTENT_MAX_ROWS", {(64, False): 2048})  # the table decides
+    assert hopper.fused_persistent(64, False, 2048) and not hopper.fused_persistent(64, False, 2049)
+    assert not hopper.fused_persistent(64, True, 1024)
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 def test_a_dynamic_persistent_backward_counts_its_tiles_in_an_extra_row_of_the_zeroed_sum(monkeypatch):
     # Attempt 79 (kernels stubbed): the dynamic scheduler's counter is the first int32 of an extra
     # row of the dQ sum, zeroed with it; the sum's descriptor covers the rows before it, and the
-    # conversion reads the same buffer. Off under auto (FUSED_DYNAMIC); fixed turns pass None.
+    # conversion reads the same buffer. Under auto for causal programs (FUSED_DYNAMIC); fixed turns
+    # (non-causal) pass None.
     launches = _stubbed_fused_backward(monkeypatch)
     monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "1")
     monkeypatch.setattr(hopper, "sm_count", lambda device: 5)
     q, dout, dq, out = (torch.randn(2, 6, 300, 128, dtype=torch.bfloat16) for _ in range(4))
     k, v, dk, dv = (torch.randn(2, 2, 333, 128, dtype=torch.bfloat16) for _ in range(4))
-    for dynamic in ("auto", "1"):
+    for dynamic, causal in (("auto", False), ("0", True), ("auto", True), ("1", False)):
         monkeypatch.setenv(hopper.FUSED_DYNAMIC_SWITCH, dynamic)
         launches.clear()
-        hopper.backward(q, k, v, out, dout, torch.randn(2, 6, 300), None, 0.125, True, dq, dk, dv)
+        hopper.backward(q, k, v, out, dout, torch.randn(2, 6, 300), None, 0.125, causal, dq, dk, dv)
         (_, grid, args, const), (_, _, args_convert, _) = launches
         counter, sum_desc = args[23], args[8]
         assert grid == (5,) and const["PERSISTENT"]
         rows = 2 * 6 * 384
         assert sum_desc.base.shape == (rows, 128) and args_convert[0].data_ptr() == sum_desc.base.data_ptr()
-        if dynamic == "auto":
-            assert counter is None and not hopper.FUSED_DYNAMIC[True]  # off until timed
+        if (dynamic, causal) in (("auto", False), ("0", True)):
+            assert counter is None and args_convert[0].shape == (rows, 128)
         else:
             assert counter.dtype == torch.int32 and counter.shape == (1,) and int(counter) == 0
             assert args_convert[0].shape == (rows + 1, 128)
@@ -1614,7 +1631,7 @@ def test_the_end_meeting_switch_names_what_it_takes_and_auto_keeps_the_meeting(m
     monkeypatch.setenv(hopper.SKIP_END_MEETING_SWITCH, "0")
     assert not hopper.fused_skip_end_meeting()
     monkeypatch.delenv(hopper.SKIP_END_MEETING_SWITCH)
-    assert hopper.fused_skip_end_meeting() is hopper.FUSED_SKIP_END_MEETING is False  # until timed
+    assert hopper.fused_skip_end_meeting() is hopper.FUSED_SKIP_END_MEETING is False  # no gain (session 32)
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")

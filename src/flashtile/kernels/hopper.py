@@ -386,33 +386,35 @@ DEFER_DK_SWITCH = "FLASHTILE_GLUON_BWD_DEFER_DK"
 
 
 # Whether the five-product backward runs persistent programs (gluon_bwd_fused's PERSISTENT: one a
-# SM, each taking key tiles pid, pid + programs, ...), by (kernel head dim, causal), up to
-# FUSED_PERSISTENT_MAX_ROWS query rows streamed past a key tile (the GQA group's heads × Sq: the
-# steps a key tile takes, over which its fixed cost is spread). A program per key tile pays a fixed cost each: the CTA's
-# start, its K and V and first Q-side tiles loaded with nothing running beside them, its dK and dV
-# stored the same way. Session 21 fitted it at 1.2 steps of 128 queries at d64 and 1.9 of 64 at d128
-# (probes/fused_program_cost.py): 13% of a d64 1k key tile's 8 steps, where persistent programs load
-# the next tile's K, V and first Q-side tiles during this one's last steps and epilogue. Attempt 76,
-# session 31 (H200, probes/fused_persistent.py, kernels alone in CUDA graphs, medians of 3 rounds,
-# TFLOP/s persistent / a program per key tile / the seven-product kernels): d64 1k 389 / 370 / 341,
-# causal 271 / 264 / 243; d64 2k 423 / 426 / 373, causal 336 / 337 / 317; d128 1k 438 / 427 / 428,
-# causal 286 / 314 / 316; d128 2k 491 / 493 / 458, causal 289 / 409 / 400 (MHA: the rows a key
-# tile streams are Sq). So at 1k, but for causal
-# d128, whose programs in fixed turns drift apart over the causal tiles' unequal lengths (as the
-# forward's did before its dynamic scheduler: PERSISTENT_DYNAMIC) and whose dK and dV are staged in
-# K and V, which go back to the loader only once stored. FLASHTILE_GLUON_BWD_PERSISTENT (auto, 0,
-# 1) sets it for every call; FUSED_PERSISTENT_PROGRAMS caps the programs (None: the SMs; the tests
-# take a few, so that each runs many key tiles).
-FUSED_PERSISTENT = {(64, False): True, (64, True): True, (128, False): True, (128, True): False}
-FUSED_PERSISTENT_MAX_ROWS = 1024
+# SM, each taking key tile after key tile), by (kernel head dim, causal): the most query rows a key
+# tile may stream for them (the GQA group's heads × Sq: the steps a key tile takes, over which its
+# fixed cost is spread; None: any; no entry: never). A program per key tile pays a fixed cost each:
+# the CTA's start, its K and V and first Q-side tiles loaded with nothing running beside them, its dK
+# and dV stored the same way. Session 21 fitted it at 1.2 steps of 128 queries at d64 and 1.9 of 64
+# at d128 (probes/fused_program_cost.py): 13% of a d64 1k key tile's 8 steps, where persistent
+# programs load the next tile's K, V and first Q-side tiles during this one's last steps and
+# epilogue. Attempt 76, session 31 (H200, probes/fused_persistent.py, kernels alone in CUDA graphs,
+# medians of 3 rounds, TFLOP/s persistent in fixed turns / a program per key tile / the
+# seven-product kernels): d64 1k 389 / 370 / 341, causal 271 / 264 / 243; d64 2k 423 / 426 / 373,
+# causal 336 / 337 / 317; d128 1k 438 / 427 / 428, causal 286 / 314 / 316; d128 2k 491 / 493 / 458,
+# causal 289 / 409 / 400 (MHA: the rows a key tile streams are Sq): so at 1k rows. Causal d128's
+# programs in fixed turns drift apart over the causal tiles' unequal lengths; attempt 79, session 32,
+# gave causal programs the dynamic scheduler (FUSED_DYNAMIC), over a program per key tile at causal
+# d128 1k / 2k / 4k / 8k / 16k: 1.048 / 1.062-1.080 / 1.047 / 1.031 / 1.019 (330 / 424-445 / 491 /
+# 527 / 537 TFLOP/s), so causal d128 at any length; causal d64 on it 274 at 1k (270 in fixed turns),
+# 1.009 / 0.999 / 0.974 / 0.970 a program per key tile at 2k / 4k / 8k / 16k, so at 1k rows.
+# FLASHTILE_GLUON_BWD_PERSISTENT (auto, 0, 1) sets it for every call; FUSED_PERSISTENT_PROGRAMS caps
+# the programs (None: the SMs; the tests take a few, so that each runs many key tiles).
+FUSED_PERSISTENT_MAX_ROWS = {(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): None}
 FUSED_PERSISTENT_SWITCH = "FLASHTILE_GLUON_BWD_PERSISTENT"
 FUSED_PERSISTENT_PROGRAMS: int | None = None
 # Whether a persistent five-product program whose dK and dV are staged apart from K (d64) skips the
 # two warpgroups' meeting after each key tile's last dQ product (gluon_bwd_fused's SKIP_END_MEETING:
-# kv_empty guards K there). Attempt 78, written after session 31's device time: under Triton 3.6 the
-# d64 build's step loops spill 4 and 6 local loads without the meeting where they spill 20 (and 13
-# stores) and 5 with it (a program per key tile: 1 and 8). Off until timed on the H200.
-# FLASHTILE_GLUON_BWD_SKIP_END_MEETING (auto, 0, 1).
+# kv_empty guards K there). Attempt 78: under Triton 3.6 the d64 build's step loops spill 4 and 6
+# local loads without the meeting where they spill 20 (and 13 stores) and 5 with it (a program per
+# key tile: 1 and 8). Session 32 (probes/fused_persistent.py, medians of 3 rounds) put it at 0.984 /
+# 1.000 the meeting's speed at d64 1k (non-causal / causal) and 0.974 / 0.995 at 2k: the spill was
+# not what held the steps. Off. FLASHTILE_GLUON_BWD_SKIP_END_MEETING (auto, 0, 1).
 FUSED_SKIP_END_MEETING = False
 SKIP_END_MEETING_SWITCH = "FLASHTILE_GLUON_BWD_SKIP_END_MEETING"
 # Whether persistent five-product programs take their key tiles from a counter the grid shares (a
@@ -420,8 +422,11 @@ SKIP_END_MEETING_SWITCH = "FLASHTILE_GLUON_BWD_SKIP_END_MEETING"
 # Attempt 79, written after session 31's device time: its fixed turns lost 9% at causal d128 1k and
 # 29% at 2k against a program per key tile, where the forward's fixed turns had lost before its
 # dynamic scheduler (attempt 63). The counter is an int32 in an extra row of the zeroed dQ sum, so it
-# costs no launch. Off until timed. FLASHTILE_GLUON_BWD_DYNAMIC (auto, 0, 1).
-FUSED_DYNAMIC = {False: False, True: False}
+# costs no launch. Session 32 (probes/fused_persistent.py, kernels alone in CUDA graphs, medians of
+# 3 rounds), over fixed turns at 1k / 2k: causal d128 1.142 / 1.530, causal d64 1.014 / 1.005;
+# non-causal 0.978 / 0.981 at d64, 0.990 / 0.980 at d128. So for causal programs.
+# FLASHTILE_GLUON_BWD_DYNAMIC (auto, 0, 1).
+FUSED_DYNAMIC = {False: False, True: True}
 FUSED_DYNAMIC_SWITCH = "FLASHTILE_GLUON_BWD_DYNAMIC"
 
 
@@ -444,12 +449,13 @@ def fused_hoist_stats(head_dim: int, causal: bool) -> bool:
 
 
 def fused_persistent(head_dim: int, causal: bool, rows: int) -> bool:
-    """FUSED_PERSISTENT's entry for (``head_dim``, ``causal``) where the ``rows`` a key tile streams
-    (query heads of a kv head × Sq) are at most FUSED_PERSISTENT_MAX_ROWS, or
-    FLASHTILE_GLUON_BWD_PERSISTENT where not auto (a tail split, FLASHTILE_GLUON_BWD_TAIL, still
-    runs a program per key tile or part: _fused_backward)."""
-    return switched(FUSED_PERSISTENT_SWITCH,
-                    FUSED_PERSISTENT.get((head_dim, causal), False) and rows <= FUSED_PERSISTENT_MAX_ROWS)
+    """Under auto, whether FUSED_PERSISTENT_MAX_ROWS has an entry for (``head_dim``, ``causal``) that
+    the ``rows`` a key tile streams (query heads of a kv head × Sq) do not pass; else
+    FLASHTILE_GLUON_BWD_PERSISTENT's 1 or 0 (a tail split, FLASHTILE_GLUON_BWD_TAIL, still runs a
+    program per key tile or part: _fused_backward)."""
+    key = (head_dim, causal)
+    under_auto = key in FUSED_PERSISTENT_MAX_ROWS and rows <= (FUSED_PERSISTENT_MAX_ROWS[key] or rows)
+    return switched(FUSED_PERSISTENT_SWITCH, under_auto)
 
 
 def fused_skip_end_meeting() -> bool:
@@ -756,9 +762,14 @@ SPREAD_SWITCH = "FLASHTILE_GLUON_FWD_SPREAD"
 # each consumer works them out at the item's start (q_tile_of_program: integer divisions by runtime
 # values), between one item's output and the next one's first product: session 29's timeline put the
 # step to the next item at ~610 clocks of each item's ~2100 past its tiles (d64 non-causal 1k: 8 tiles
-# an item). The loader works them out for its copies anyway. Attempt 77 (written, not yet timed:
-# probes/fwd_early_coords.py); off until measured. FLASHTILE_GLUON_FWD_EARLY_COORDS (auto, 0, 1).
-PERSISTENT_EARLY_COORDS = False
+# an item). The loader works them out for its copies anyway. Attempt 77, session 32
+# (probes/fwd_early_coords.py, d64, kernels alone in CUDA graphs, medians of 7 rounds, over without
+# it at 1k / 2k / 4k): causal 1.028 / 1.048 / 1.027, non-causal 0.984 / 1.002 / 0.964; the timeline
+# at d64 non-causal 1k put the step to the next item (last P·V to the next first product) at 4458
+# clocks with it against 4712, but the item to item at 23574 against 23301. By (kernel head dim,
+# causal): on for causal d64, where it was timed; no entry: off.
+# FLASHTILE_GLUON_FWD_EARLY_COORDS (auto, 0, 1).
+PERSISTENT_EARLY_COORDS = {(64, True): True}
 EARLY_COORDS_SWITCH = "FLASHTILE_GLUON_FWD_EARLY_COORDS"
 # sm_90's shared memory a block may opt in to, and what a forward CTA takes besides its tiles (the
 # mbarriers), for forward_q_buffers.
@@ -810,9 +821,10 @@ def _spread() -> bool:
     return switched(SPREAD_SWITCH, PERSISTENT_SPREAD)
 
 
-def _early_coords() -> bool:
-    """PERSISTENT_EARLY_COORDS, or FLASHTILE_GLUON_FWD_EARLY_COORDS where not auto."""
-    return switched(EARLY_COORDS_SWITCH, PERSISTENT_EARLY_COORDS)
+def _early_coords(head_dim: int, causal: bool) -> bool:
+    """PERSISTENT_EARLY_COORDS's entry for (kernel ``head_dim``, ``causal``) (False where it has none),
+    or FLASHTILE_GLUON_FWD_EARLY_COORDS where not auto."""
+    return switched(EARLY_COORDS_SWITCH, PERSISTENT_EARLY_COORDS.get((head_dim, causal), False))
 
 
 def persistent_dynamic(causal: bool, seqlen_k: int) -> bool:
@@ -898,7 +910,7 @@ def _dense_forward_plan(q, k, v, out, softmax_scale: float, causal: bool, head_d
     # environment read for it.
     spread = bool(q.shape[2] % (BLOCK_M // 2 * consumers) and persistent_programs and not causal and _spread())
     # (the same for the consumers' coordinates from the loader: read on persistent programs only)
-    early_coords = bool(persistent_programs) and _early_coords()
+    early_coords = bool(persistent_programs) and _early_coords(head_dim, causal)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, softmax_scale, causal,
            consumers, _config, FORWARD_THREE_CONSUMER_TILES, FORWARD_FOUR_CONSUMER_TILES,
            FORWARD_CONSUMER_REGS.get(consumers), overlap,
@@ -1057,7 +1069,7 @@ FUSED_Q_DESCENDING = {128: True}
 _FUSED_FAILED: set = set()  # (head dim, dtype, causal) whose fused kernel failed to build here
 
 
-def fused_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
+def fused_measured_faster(head_dim: int) -> bool:
     """Where the five-product backward beat the seven-product one on the H200 (session 12,
     triton 3.9, bf16, 16k tokens, CUDA graphs of the kernels, benchmarks/probes/fused_bwd.py;
     TFLOP/s at 1k / 2k / 4k / 8k / 16k): d128 non-causal 446 / 517 / 526 / 541 / 540 against
@@ -1077,13 +1089,15 @@ def fused_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
     probes/fused_persistent.py, the kernel of sessions 22-26: HOIST_STATS, DEFER_DK): d64 causal
     at 1k / 2k 264 / 337 a program per key tile and 271 / 336 on persistent programs (the 1k
     call's choice, fused_persistent) against 243 / 317, so d64 causal at every length now; d128
-    causal 314 / 409 against 316 / 400 stays from 4k keys."""
-    if head_dim not in (64, 128):
-        return False
-    return not causal or head_dim == 64 or seqlen_k >= 4096
+    causal 314 / 409 against 316 / 400 stays from 4k keys. Session 32 (the same probe; causal
+    persistent programs on the dynamic scheduler, FUSED_DYNAMIC, which auto takes for causal d128 at
+    any length): d128 causal at 1k / 2k / 4k / 8k / 16k 330 / 424 / 491 / 527 / 537 against 321 /
+    386 / 426 / 462 / 467, so every length at both head dims (forced to a program per key tile,
+    FLASHTILE_GLUON_BWD_PERSISTENT=0, the 1k cell read 315, 2% behind)."""
+    return head_dim in (64, 128)
 
 
-def _takes_fused(q: torch.Tensor, head_dim: int, seqlen_k: int, causal: bool, s_pad: int,
+def _takes_fused(q: torch.Tensor, head_dim: int, causal: bool, s_pad: int,
                  deterministic: bool) -> bool:
     """Whether this backward runs gluon_bwd_fused.py (``FLASHTILE_GLUON_BWD_FUSED``: auto, 1, 0).
     Never when the call asks for a deterministic backward. With a Triton whose Gluon lacks TMA
@@ -1097,7 +1111,7 @@ def _takes_fused(q: torch.Tensor, head_dim: int, seqlen_k: int, causal: bool, s_
     if choice == "auto" and not (_gluon_common().HAS_TMA_REDUCE or PTX_REDUCE_UNDER_AUTO):
         return False
     if choice == "auto":  # as timed: the call's own head dim (a padded one, e.g. 96 on 128, has not been)
-        return (FUSED_UNDER_AUTO and fused_measured_faster(q.shape[3], seqlen_k, causal)
+        return (FUSED_UNDER_AUTO and fused_measured_faster(q.shape[3])
                 and (head_dim, q.dtype, causal) not in _FUSED_FAILED)
     return True
 
@@ -1133,7 +1147,7 @@ def backward(q, k, v, out, dout, lse, dlse, softmax_scale: float, causal: bool, 
 
     if block_mask is not None:
         return _listed_backward(q, k, v, dout, stats, softmax_scale, dq, dk, dv, head_dim, tile, block_mask)
-    if _takes_fused(q, head_dim, k.shape[2], causal, s_pad, deterministic):
+    if _takes_fused(q, head_dim, causal, s_pad, deterministic):
         try:
             return _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, head_dim, tile)
         except Exception as error:  # a kernel that cannot be built here: the seven-product one instead
