@@ -92,6 +92,10 @@
 #   bash benchmarks/gpu_final.sh auto-grid # session 32's auto settings (causal five-product programs on the
 #                                        # dynamic scheduler, early coordinates for the causal d64 forward):
 #                                        # their GPU tests under auto, then the grid as `grid`; ~450 s
+#   bash benchmarks/gpu_final.sh causal-1k # session 32's last call: the CUDA-graph replay tests, the 1k backward
+#                                        # as a graph, eagerly and through the API (bench_vs_graph.py), the
+#                                        # causal 1k cells in 3 rounds beside FA2 and cuDNN, and the d128 one on
+#                                        # the seven-product kernels; ~350 s
 #   bash benchmarks/gpu_final.sh grid      # the speed table's grid, flashtile bench beside FA2, cuDNN, Flex; ~210 s
 #   bash benchmarks/gpu_final.sh host      # short calls' host time: the replay tests, then probes/host_profile.py
 #                                        # --calibrate at d128 and d256 (flashtile beside SDPA); ~90 s
@@ -640,6 +644,23 @@ case ${1:-tests} in
     step timeout 400 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k 4k 16k \
       --providers flashtile sdpa-flash sdpa-cudnn flex --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-auto.log"; grep -v "Warn" "$OUT/bench.log" | tail -60; cat "$OUT/times.txt" ;;
+  causal-1k)
+    # The causal 1k cells, which read 11-52% below session 30's grid in session 32's (the other cells
+    # within a few %): the replay tests (d128 now on persistent programs from the dynamic scheduler),
+    # where the backward's 1k time goes on this lease (CUDA graph / eager / API, FA2 beside), the
+    # causal 1k cells in rounds, then the d128 backward cell with the seven-product kernels.
+    WORKERS=3 gluon_tests tests-replay.log 120 100 tests/test_gluon.py -m gpu -k replay
+    for d in 64 128; do
+      step timeout 80 python3 benchmarks/probes/bench_vs_graph.py --backward --headdim "$d" --seqlens 1024 \
+        > "$OUT/bwd-vs-graph-d$d.log" 2>&1
+    done
+    step timeout 150 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k --causal yes --rounds 3 \
+      --providers flashtile sdpa-flash sdpa-cudnn --json "$OUT/bench-causal-1k.json" > "$OUT/bench-causal-1k.log" 2>&1
+    FLASHTILE_GLUON_BWD_FUSED=0 step timeout 60 python3 -m flashtile bench --headdims 128 --seqlens 1k --causal yes \
+      --modes bwd --rounds 3 --providers flashtile sdpa-flash > "$OUT/bench-seven.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-replay.log"
+    for d in 64 128; do grep -v "Warn\|warn" "$OUT/bwd-vs-graph-d$d.log" | tail -5; done
+    grep "│" "$OUT/bench-causal-1k.log" | head -9; grep "│" "$OUT/bench-seven.log" | head -2; cat "$OUT/times.txt" ;;
   grid)
     # The speed table's grid (docs/performance.md's current table, the README plot): d64, d128,
     # d256 at 1k, 4k, 16k beside FA2, cuDNN and FlexAttention; ~210 s.
