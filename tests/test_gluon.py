@@ -451,20 +451,17 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     assert not dq_sum.any() and sum_desc.block_shape == [m, width // 2]
     num_n_blocks = triton.cdiv(seqlen_k, n)
     assert grid == (num_n_blocks * batch * heads_kv,)  # (12 key tiles: persistent or not, a program each)
-    # persistent programs on the dynamic scheduler where auto says (sessions 31, 32: causal d64 at
-    # 300 rows, causal d128 at any count)
-    assert const["PERSISTENT"] and hopper.fused_persistent(width, True, seqlen_q) and hopper.fused_dynamic(True)
+    # persistent programs where auto says (attempt 76: causal d64 at 300 rows, not causal d128), in
+    # fixed turns (the dynamic scheduler is off under auto: session 32)
+    assert const.get("PERSISTENT", False) == hopper.fused_persistent(width, True, seqlen_q) == (width == 64)
+    assert not hopper.fused_dynamic(True)
     scale = head_dim ** -0.5
     # causal, and the kv heads' Q and dO far inside L2: one group of every (batch, kv head) row
-    assert args[9:23] == (heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks,
-                          batch * heads_kv, s_pad, pytest.approx(scale * hopper.LOG2E), scale, 0, 1, None, None)
-    # (no tail split) the tile counter: the first int32 of an extra row after the sum's, zeroed with it
-    counter = args[23]
-    assert not const["TAIL_SPLIT"] and counter.dtype == torch.int32 and int(counter) == 0
-    sum_and_counter = args_convert[0]
-    assert sum_and_counter.shape == (rows + 1, width) and not sum_and_counter.any()
-    assert sum_and_counter.data_ptr() == dq_sum.data_ptr() and counter.data_ptr() == sum_and_counter[rows].data_ptr()
-    assert args_convert[1] is dq
+    assert args[9:] == (heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, batch * heads_kv,
+                        s_pad, pytest.approx(scale * hopper.LOG2E), scale, 0, 1, None, None, None)
+    # (no tail split; no tile counter: persistent programs in fixed turns, or none)
+    assert not const["TAIL_SPLIT"]
+    assert args_convert[0] is dq_sum and args_convert[1] is dq
     assert args_convert[2:] == (*dq.stride()[:3], heads_q, seqlen_q, head_dim, s_pad, scale)
     # batch × heads on the grid's first axis: the second stops at 65535
     assert grid_convert == (batch * heads_q, triton.cdiv(seqlen_q, const_convert["BLOCK"]))
@@ -537,9 +534,8 @@ def test_a_split_fused_backward_launches_the_parts_and_sums_them_back(monkeypatc
     assert args_sum[4:] == (*dk.stride()[:3], *dv.stride()[:3], 10, 2, 3, heads_kv, seqlen_k, 128)
     launches.clear()
     hopper.backward(q, k, v, out, dout, torch.randn(batch, heads_q, seqlen_q), None, 0.125, True, dq, dk, dv)
-    (_, grid, args, const), _ = launches  # causal: no split (persistent programs on the counter)
-    assert grid == (5,) and not const["TAIL_SPLIT"] and args[19:23] == (0, 1, None, None)
-    assert const["PERSISTENT"] and args[23].dtype == torch.int32
+    (_, grid, args, const), _ = launches  # causal: no split
+    assert grid == (12,) and not const["TAIL_SPLIT"] and args[19:] == (0, 1, None, None, None)
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
@@ -631,17 +627,18 @@ def test_a_fused_backward_that_fails_to_build_falls_back_under_auto_and_is_an_er
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_same_bits(monkeypatch):
-    def takes(head_dim=128, causal=False, deterministic=False, call_head_dim=None):
+    def takes(head_dim=128, seqlen_k=16384, causal=False, deterministic=False, call_head_dim=None):
         """Whether a (1, 16, 16384, call_head_dim) q on the kernels of ``head_dim`` takes it."""
         q = torch.empty(1, 1, 1, call_head_dim or head_dim, dtype=torch.bfloat16).expand(1, 16, 16384, -1)
-        return hopper._takes_fused(q, head_dim, causal, 16384, deterministic)
+        return hopper._takes_fused(q, head_dim, seqlen_k, causal, 16384, deterministic)
 
     monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD_FUSED", raising=False)
     assert hopper.FUSED_UNDER_AUTO  # on since the epilogue's barrier ran on the H200 (session 13)
-    # at every length, causal or not, at d64 and d128 (since session 32: causal d128 on persistent
-    # programs from the dynamic scheduler; sessions 20-31 took it from 4k keys only)
-    assert takes() and takes(causal=True) and takes(head_dim=64) and takes(head_dim=64, causal=True)
+    assert takes() and takes(seqlen_k=1024) and takes(causal=True) and takes(seqlen_k=2048, causal=True)
+    assert not takes(seqlen_k=1024, causal=True)  # d128 causal from 2k keys (session 32; 4k in 20-31)
+    assert takes(head_dim=64) and takes(head_dim=64, seqlen_k=4096, causal=True)  # d64: 128-row tiles
+    assert takes(head_dim=64, seqlen_k=1024, causal=True)  # d64 causal at every length (session 31)
     assert not takes(head_dim=256)  # no d256 kernel
     assert not takes(deterministic=True)
     assert not takes(call_head_dim=96)  # the d128 kernel over zero columns: not timed so
@@ -653,7 +650,7 @@ def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_sam
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     assert takes()
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
-    assert takes(head_dim=64) and takes(causal=True) and not takes(deterministic=True)
+    assert takes(head_dim=64) and takes(seqlen_k=1024, causal=True) and not takes(deterministic=True)
     assert takes(call_head_dim=96) and takes(head_dim=64, call_head_dim=40)
     assert not takes(head_dim=256)
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "0")
@@ -665,10 +662,10 @@ def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_sam
     monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", False)
     assert not takes()
     monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", True)
-    assert takes() and takes(causal=True) and not takes(call_head_dim=96) and not takes(deterministic=True)
+    assert takes() and not takes(seqlen_k=1024, causal=True) and not takes(deterministic=True)
     monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", False)
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
-    assert takes() and takes(head_dim=64, causal=True) and not takes(deterministic=True)
+    assert takes() and takes(head_dim=64, seqlen_k=1024, causal=True) and not takes(deterministic=True)
 
 
 def test_deterministic_reaches_the_backward_op(monkeypatch):
@@ -1333,11 +1330,10 @@ def test_gpu_dynamic_scheduler_covers_every_tile_in_each_replay(monkeypatch, hea
 def test_gpu_forward_and_backward_replay_from_a_cuda_graph(monkeypatch, head_dim):
     # A training step captured once and replayed with new inputs copied in (what
     # torch.compile's "reduce-overhead" and hand-written graphs do): each replay must equal the
-    # eager step bit for bit, except dQ where the five-product backward ran (d64 and d128 here, as
-    # by default; at d128 on persistent programs from the dynamic scheduler, whose counter each
-    # replay zeroes with the dQ sum), which adds its tiles' parts in the order they finish: there it
-    # must be within the oracle's tolerance (session 22 saw one replay's dQ differ in its last
-    # bits). On sm_90 the default forward and backward are Gluon in all three cases.
+    # eager step bit for bit, except dQ where the five-product backward ran (d64 here, as by
+    # default: causal d128 takes it from 2k keys), which adds its tiles' parts in the order they
+    # finish: there it must be within the oracle's tolerance (session 22 saw one replay's dQ differ
+    # in its last bits). On sm_90 the default forward and backward are Gluon in all three cases.
     monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
     monkeypatch.delenv(hopper.FUSED_SWITCH, raising=False)
@@ -1355,8 +1351,8 @@ def test_gpu_forward_and_backward_replay_from_a_cuda_graph(monkeypatch, head_dim
                         lambda *args, **kwargs: taken.append(takes_fused(*args, **kwargs)) or taken[-1])
     graph, captured = _captured(step)
     fused = any(taken)
-    if ON_HOPPER:  # (what auto takes there: the five-product kernel at d64 and d128, session 32)
-        assert taken and fused == (head_dim in (64, 128)), f"five-product backward taken: {taken} at d{head_dim}"
+    if ON_HOPPER:  # (what auto takes there: the five-product kernel at d64, causal d128 from 2k keys)
+        assert taken and fused == (head_dim == 64), f"five-product backward taken: {taken} at d{head_dim}"
     for _ in range(2):
         for buffer in (*leaves, dout):
             buffer.detach().copy_(torch.randn_like(buffer))
@@ -1585,11 +1581,10 @@ def test_the_persistent_switch_names_what_it_takes_and_auto_follows_the_table(mo
     assert not hopper.fused_persistent(64, True, 1024) and not hopper.fused_persistent(128, False, 1024)
     monkeypatch.delenv(hopper.FUSED_PERSISTENT_SWITCH)
     cases = [(d, causal) for d in (64, 128) for causal in (False, True)]
-    # as timed (sessions 31, 32): at up to 1k rows a key tile, causal d128 (on the dynamic
-    # scheduler) at any count; no d256 kernel
-    assert [hopper.fused_persistent(*case, 1024) for case in cases] == [True, True, True, True]
-    assert [hopper.fused_persistent(*case, 1025) for case in cases] == [False, False, False, True]
-    assert hopper.fused_persistent(128, True, 131072) and not hopper.fused_persistent(256, False, 1024)
+    # as timed (sessions 31, 32): at up to 1k rows a key tile but for causal d128; no d256 kernel
+    assert [hopper.fused_persistent(*case, 1024) for case in cases] == [True, True, True, False]
+    assert not any(hopper.fused_persistent(*case, 1025) for case in cases)
+    assert not hopper.fused_persistent(128, True, 1) and not hopper.fused_persistent(256, False, 1024)
     monkeypatch.setattr(hopper, "FUSED_PERSISTENT_MAX_ROWS", {(64, False): 2048})  # the table decides
     assert hopper.fused_persistent(64, False, 2048) and not hopper.fused_persistent(64, False, 2049)
     assert not hopper.fused_persistent(64, True, 1024)
@@ -1599,14 +1594,14 @@ def test_the_persistent_switch_names_what_it_takes_and_auto_follows_the_table(mo
 def test_a_dynamic_persistent_backward_counts_its_tiles_in_an_extra_row_of_the_zeroed_sum(monkeypatch):
     # Attempt 79 (kernels stubbed): the dynamic scheduler's counter is the first int32 of an extra
     # row of the dQ sum, zeroed with it; the sum's descriptor covers the rows before it, and the
-    # conversion reads the same buffer. Under auto for causal programs (FUSED_DYNAMIC); fixed turns
-    # (non-causal) pass None.
+    # conversion reads the same buffer. Off under auto (FUSED_DYNAMIC: session 32 measured a host
+    # cost through the API); fixed turns pass None.
     launches = _stubbed_fused_backward(monkeypatch)
     monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "1")
     monkeypatch.setattr(hopper, "sm_count", lambda device: 5)
     q, dout, dq, out = (torch.randn(2, 6, 300, 128, dtype=torch.bfloat16) for _ in range(4))
     k, v, dk, dv = (torch.randn(2, 2, 333, 128, dtype=torch.bfloat16) for _ in range(4))
-    for dynamic, causal in (("auto", False), ("0", True), ("auto", True), ("1", False)):
+    for dynamic, causal in (("auto", False), ("auto", True), ("0", True), ("1", False), ("1", True)):
         monkeypatch.setenv(hopper.FUSED_DYNAMIC_SWITCH, dynamic)
         launches.clear()
         hopper.backward(q, k, v, out, dout, torch.randn(2, 6, 300), None, 0.125, causal, dq, dk, dv)
@@ -1615,7 +1610,7 @@ def test_a_dynamic_persistent_backward_counts_its_tiles_in_an_extra_row_of_the_z
         assert grid == (5,) and const["PERSISTENT"]
         rows = 2 * 6 * 384
         assert sum_desc.base.shape == (rows, 128) and args_convert[0].data_ptr() == sum_desc.base.data_ptr()
-        if (dynamic, causal) in (("auto", False), ("0", True)):
+        if dynamic != "1":
             assert counter is None and args_convert[0].shape == (rows, 128)
         else:
             assert counter.dtype == torch.int32 and counter.shape == (1,) and int(counter) == 0

@@ -388,7 +388,7 @@ DEFER_DK_SWITCH = "FLASHTILE_GLUON_BWD_DEFER_DK"
 # Whether the five-product backward runs persistent programs (gluon_bwd_fused's PERSISTENT: one a
 # SM, each taking key tile after key tile), by (kernel head dim, causal): the most query rows a key
 # tile may stream for them (the GQA group's heads × Sq: the steps a key tile takes, over which its
-# fixed cost is spread; None: any; no entry: never). A program per key tile pays a fixed cost each:
+# fixed cost is spread; no entry: never). A program per key tile pays a fixed cost each:
 # the CTA's start, its K and V and first Q-side tiles loaded with nothing running beside them, its dK
 # and dV stored the same way. Session 21 fitted it at 1.2 steps of 128 queries at d64 and 1.9 of 64
 # at d128 (probes/fused_program_cost.py): 13% of a d64 1k key tile's 8 steps, where persistent
@@ -397,15 +397,14 @@ DEFER_DK_SWITCH = "FLASHTILE_GLUON_BWD_DEFER_DK"
 # medians of 3 rounds, TFLOP/s persistent in fixed turns / a program per key tile / the
 # seven-product kernels): d64 1k 389 / 370 / 341, causal 271 / 264 / 243; d64 2k 423 / 426 / 373,
 # causal 336 / 337 / 317; d128 1k 438 / 427 / 428, causal 286 / 314 / 316; d128 2k 491 / 493 / 458,
-# causal 289 / 409 / 400 (MHA: the rows a key tile streams are Sq): so at 1k rows. Causal d128's
-# programs in fixed turns drift apart over the causal tiles' unequal lengths; attempt 79, session 32,
-# gave causal programs the dynamic scheduler (FUSED_DYNAMIC), over a program per key tile at causal
-# d128 1k / 2k / 4k / 8k / 16k: 1.048 / 1.062-1.080 / 1.047 / 1.031 / 1.019 (330 / 424-445 / 491 /
-# 527 / 537 TFLOP/s), so causal d128 at any length; causal d64 on it 274 at 1k (270 in fixed turns),
-# 1.009 / 0.999 / 0.974 / 0.970 a program per key tile at 2k / 4k / 8k / 16k, so at 1k rows.
+# causal 289 / 409 / 400 (MHA: the rows a key tile streams are Sq): so at 1k rows, but for causal
+# d128, whose programs in fixed turns drift apart over the causal tiles' unequal lengths. The
+# dynamic scheduler (FUSED_DYNAMIC, attempt 79) fixes that in the kernels alone (session 32: over a
+# program per key tile at causal d128 1k / 2k / 4k / 8k / 16k 1.048 / 1.06-1.08 / 1.047 / 1.031 /
+# 1.019), but not through the API, so causal d128 keeps a program per key tile (see FUSED_DYNAMIC).
 # FLASHTILE_GLUON_BWD_PERSISTENT (auto, 0, 1) sets it for every call; FUSED_PERSISTENT_PROGRAMS caps
 # the programs (None: the SMs; the tests take a few, so that each runs many key tiles).
-FUSED_PERSISTENT_MAX_ROWS = {(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): None}
+FUSED_PERSISTENT_MAX_ROWS = {(64, False): 1024, (64, True): 1024, (128, False): 1024}
 FUSED_PERSISTENT_SWITCH = "FLASHTILE_GLUON_BWD_PERSISTENT"
 FUSED_PERSISTENT_PROGRAMS: int | None = None
 # Whether a persistent five-product program whose dK and dV are staged apart from K (d64) skips the
@@ -424,9 +423,14 @@ SKIP_END_MEETING_SWITCH = "FLASHTILE_GLUON_BWD_SKIP_END_MEETING"
 # dynamic scheduler (attempt 63). The counter is an int32 in an extra row of the zeroed dQ sum, so it
 # costs no launch. Session 32 (probes/fused_persistent.py, kernels alone in CUDA graphs, medians of
 # 3 rounds), over fixed turns at 1k / 2k: causal d128 1.142 / 1.530, causal d64 1.014 / 1.005;
-# non-causal 0.978 / 0.981 at d64, 0.990 / 0.980 at d128. So for causal programs.
+# non-causal 0.978 / 0.981 at d64, 0.990 / 0.980 at d128. But through the API (autograd's backward,
+# as flashtile bench times it; probes/api_backward_profile.py, causal 1k) each call took 234 µs more
+# host time on it than in fixed turns at d128 (861 against 627) and 159 at d64 (724 against 565),
+# where the kernels' own times were 402 and 475 µs at d128: the d128 cell read 0.889 ms against
+# 0.598 in fixed turns and 0.552 a program per key tile. Stubbed kernels on a CPU show 5 µs between
+# the two host paths, so the cost is in what the GPU's launches do with it (not found yet). Off.
 # FLASHTILE_GLUON_BWD_DYNAMIC (auto, 0, 1).
-FUSED_DYNAMIC = {False: False, True: True}
+FUSED_DYNAMIC = {False: False, True: False}
 FUSED_DYNAMIC_SWITCH = "FLASHTILE_GLUON_BWD_DYNAMIC"
 
 
@@ -453,9 +457,7 @@ def fused_persistent(head_dim: int, causal: bool, rows: int) -> bool:
     the ``rows`` a key tile streams (query heads of a kv head × Sq) do not pass; else
     FLASHTILE_GLUON_BWD_PERSISTENT's 1 or 0 (a tail split, FLASHTILE_GLUON_BWD_TAIL, still runs a
     program per key tile or part: _fused_backward)."""
-    key = (head_dim, causal)
-    under_auto = key in FUSED_PERSISTENT_MAX_ROWS and rows <= (FUSED_PERSISTENT_MAX_ROWS[key] or rows)
-    return switched(FUSED_PERSISTENT_SWITCH, under_auto)
+    return switched(FUSED_PERSISTENT_SWITCH, rows <= FUSED_PERSISTENT_MAX_ROWS.get((head_dim, causal), 0))
 
 
 def fused_skip_end_meeting() -> bool:
@@ -1069,7 +1071,7 @@ FUSED_Q_DESCENDING = {128: True}
 _FUSED_FAILED: set = set()  # (head dim, dtype, causal) whose fused kernel failed to build here
 
 
-def fused_measured_faster(head_dim: int) -> bool:
+def fused_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
     """Where the five-product backward beat the seven-product one on the H200 (session 12,
     triton 3.9, bf16, 16k tokens, CUDA graphs of the kernels, benchmarks/probes/fused_bwd.py;
     TFLOP/s at 1k / 2k / 4k / 8k / 16k): d128 non-causal 446 / 517 / 526 / 541 / 540 against
@@ -1089,15 +1091,17 @@ def fused_measured_faster(head_dim: int) -> bool:
     probes/fused_persistent.py, the kernel of sessions 22-26: HOIST_STATS, DEFER_DK): d64 causal
     at 1k / 2k 264 / 337 a program per key tile and 271 / 336 on persistent programs (the 1k
     call's choice, fused_persistent) against 243 / 317, so d64 causal at every length now; d128
-    causal 314 / 409 against 316 / 400 stays from 4k keys. Session 32 (the same probe; causal
-    persistent programs on the dynamic scheduler, FUSED_DYNAMIC, which auto takes for causal d128 at
-    any length): d128 causal at 1k / 2k / 4k / 8k / 16k 330 / 424 / 491 / 527 / 537 against 321 /
-    386 / 426 / 462 / 467, so every length at both head dims (forced to a program per key tile,
-    FLASHTILE_GLUON_BWD_PERSISTENT=0, the 1k cell read 315, 2% behind)."""
-    return head_dim in (64, 128)
+    causal 314 / 409 against 316 / 400 stays from 4k keys. Session 32 (the same probe, a program per
+    key tile against the seven-product kernels): d128 causal at 1k / 2k / 4k / 8k / 16k 315 / 412 /
+    469 / 512 / 527 against 321 / 382 / 426 / 462 / 467 (a second run at 2k: 400 against 386), and
+    through the API at 1k (probes/api_backward_profile.py) 0.552 ms against 0.555: so d128 causal
+    from 2k keys."""
+    if head_dim not in (64, 128):
+        return False
+    return not causal or head_dim == 64 or seqlen_k >= 2048
 
 
-def _takes_fused(q: torch.Tensor, head_dim: int, causal: bool, s_pad: int,
+def _takes_fused(q: torch.Tensor, head_dim: int, seqlen_k: int, causal: bool, s_pad: int,
                  deterministic: bool) -> bool:
     """Whether this backward runs gluon_bwd_fused.py (``FLASHTILE_GLUON_BWD_FUSED``: auto, 1, 0).
     Never when the call asks for a deterministic backward. With a Triton whose Gluon lacks TMA
@@ -1111,7 +1115,7 @@ def _takes_fused(q: torch.Tensor, head_dim: int, causal: bool, s_pad: int,
     if choice == "auto" and not (_gluon_common().HAS_TMA_REDUCE or PTX_REDUCE_UNDER_AUTO):
         return False
     if choice == "auto":  # as timed: the call's own head dim (a padded one, e.g. 96 on 128, has not been)
-        return (FUSED_UNDER_AUTO and fused_measured_faster(q.shape[3])
+        return (FUSED_UNDER_AUTO and fused_measured_faster(q.shape[3], seqlen_k, causal)
                 and (head_dim, q.dtype, causal) not in _FUSED_FAILED)
     return True
 
@@ -1147,7 +1151,7 @@ def backward(q, k, v, out, dout, lse, dlse, softmax_scale: float, causal: bool, 
 
     if block_mask is not None:
         return _listed_backward(q, k, v, dout, stats, softmax_scale, dq, dk, dv, head_dim, tile, block_mask)
-    if _takes_fused(q, head_dim, causal, s_pad, deterministic):
+    if _takes_fused(q, head_dim, k.shape[2], causal, s_pad, deterministic):
         try:
             return _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, head_dim, tile)
         except Exception as error:  # a kernel that cannot be built here: the seven-product one instead
