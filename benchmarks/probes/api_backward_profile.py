@@ -8,8 +8,9 @@ kernels through the bench read 0.54 ms (d128): the five-product backward on pers
 the dynamic scheduler lost ~40% between the kernels and the API, non-causal cells nothing.
 bench_vs_graph.py --backward put it in the API way: hopper.backward called eagerly ran at the graph's
 speed. This probe, one cell (B·N = 16k tokens, H = 2048 / d, bf16, (B, H, N, d), causal), per setting
-("auto"; "turns": FLASHTILE_GLUON_BWD_DYNAMIC=0; "tile": FLASHTILE_GLUON_BWD_PERSISTENT=0; "seven":
-FLASHTILE_GLUON_BWD_FUSED=0), prints:
+("auto"; "dynamic": persistent programs on the counter, FLASHTILE_GLUON_BWD_PERSISTENT=1 and
+FLASHTILE_GLUON_BWD_DYNAMIC=1; "turns": persistent in fixed turns; "tile": a program per key tile,
+FLASHTILE_GLUON_BWD_PERSISTENT=0; "seven": FLASHTILE_GLUON_BWD_FUSED=0), prints:
 
 - ``bench``: do_bench's median of torch.autograd.grad on the API's output (as flashtile bench);
 - ``host``: the host's microseconds a call, 20 calls issued without a wait (the queue ahead);
@@ -35,7 +36,8 @@ from flashtile.kernels import hopper
 
 SETTINGS = {
     "auto": {},
-    "turns": {hopper.FUSED_DYNAMIC_SWITCH: "0"},
+    "dynamic": {hopper.FUSED_PERSISTENT_SWITCH: "1", hopper.FUSED_DYNAMIC_SWITCH: "1"},
+    "turns": {hopper.FUSED_PERSISTENT_SWITCH: "1", hopper.FUSED_DYNAMIC_SWITCH: "0"},
     "tile": {hopper.FUSED_PERSISTENT_SWITCH: "0"},
     "seven": {hopper.FUSED_SWITCH: "0"},
 }

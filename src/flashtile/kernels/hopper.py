@@ -420,16 +420,18 @@ SKIP_END_MEETING_SWITCH = "FLASHTILE_GLUON_BWD_SKIP_END_MEETING"
 # dynamic scheduler, as the forward's PERSISTENT_DYNAMIC) instead of in fixed turns, by causal.
 # Attempt 79, written after session 31's device time: its fixed turns lost 9% at causal d128 1k and
 # 29% at 2k against a program per key tile, where the forward's fixed turns had lost before its
-# dynamic scheduler (attempt 63). The counter is an int32 in an extra row of the zeroed dQ sum, so it
-# costs no launch. Session 32 (probes/fused_persistent.py, kernels alone in CUDA graphs, medians of
-# 3 rounds), over fixed turns at 1k / 2k: causal d128 1.142 / 1.530, causal d64 1.014 / 1.005;
-# non-causal 0.978 / 0.981 at d64, 0.990 / 0.980 at d128. But through the API (autograd's backward,
-# as flashtile bench times it; probes/api_backward_profile.py, causal 1k) each call took 234 µs more
-# host time on it than in fixed turns at d128 (861 against 627) and 159 at d64 (724 against 565),
-# where the kernels' own times were 402 and 475 µs at d128: the d128 cell read 0.889 ms against
-# 0.598 in fixed turns and 0.552 a program per key tile. Stubbed kernels on a CPU show 5 µs between
-# the two host paths, so the cost is in what the GPU's launches do with it (not found yet). Off.
-# FLASHTILE_GLUON_BWD_DYNAMIC (auto, 0, 1).
+# dynamic scheduler (attempt 63). Session 32 (probes/fused_persistent.py, kernels alone in CUDA
+# graphs, medians of 3 rounds), over fixed turns at 1k / 2k: causal d128 1.142 / 1.530, causal d64
+# 1.014 / 1.005; non-causal 0.978 / 0.981 at d64, 0.990 / 0.980 at d128. But through the API
+# (autograd's backward, as flashtile bench times it; probes/api_backward_profile.py, causal 1k) each
+# call took 234 µs more host time on it than in fixed turns at d128 (861 against 627) and 159 at d64
+# (724 against 565), where the kernels' own times were 402 and 475 µs at d128: the d128 cell read
+# 0.889 ms against 0.598 in fixed turns and 0.552 a program per key tile. Stubbed kernels on a CPU
+# show 5 µs between the two host paths, and the builds' metadata is the same, so the cost is not in
+# the Python path (not found yet). The counter then was an int32 in an extra row of the zeroed dQ
+# sum (a 128 MiB + 512 B buffer at d128 1k); after the device time it became a counter of its own,
+# zeroed by torch.zeros(1) as the forward's, which reads at its kernels' speed through the API (not
+# yet run). Off. FLASHTILE_GLUON_BWD_DYNAMIC (auto, 0, 1).
 FUSED_DYNAMIC = {False: False, True: False}
 FUSED_DYNAMIC_SWITCH = "FLASHTILE_GLUON_BWD_DYNAMIC"
 
@@ -1285,13 +1287,13 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     split = _takes_tail_split(q, causal, programs, group * cdiv(seqlen_q, block_m))
     persistent = split is None and fused_persistent(head_dim, causal, group * seqlen_q)
     dynamic = persistent and fused_dynamic(causal)
-    # (persistent programs on the dynamic scheduler: their counter is an int32 in an extra row of the
-    # zeroed sum, so that it is zeroed with it, in the same launch)
-    sum_rows = batch * heads_q * s_pad
-    dq_acc = torch.zeros(sum_rows + (1 if dynamic else 0), head_dim, dtype=torch.float32, device=q.device)
-    counter = dq_acc[sum_rows].view(torch.int32)[:1] if dynamic else None
+    dq_acc = torch.zeros(batch * heads_q * s_pad, head_dim, dtype=torch.float32, device=q.device)
+    # (persistent programs on the dynamic scheduler: a counter of their own, zeroed for each launch,
+    # as the forward's; session 32 timed it as an int32 in an extra row of the zeroed sum, whose
+    # calls through autograd took 160-230 µs more host time, see FUSED_DYNAMIC)
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device) if dynamic else None
     box = (block_m, head_dim // 2)
-    dq_acc_desc = _descriptor(dq_acc[:sum_rows] if dynamic else dq_acc, box, _sum_layout(box, dq_sum_swizzle()))
+    dq_acc_desc = _descriptor(dq_acc, box, _sum_layout(box, dq_sum_swizzle()))
     # Each program streams its group's Q and dO (2-byte inputs) and adds into the dQ sum's rows
     # of those heads, as many bytes again in float32: both count against the group's L2 budget
     # (session 20, attempt 52: at d128 causal 16k one head a group was 2.6% faster than two).
