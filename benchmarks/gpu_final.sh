@@ -89,9 +89,9 @@
 #   bash benchmarks/gpu_final.sh dq-swizzle  # the fused backward's dQ staging box under the 32-byte swizzle: its
 #                                        # GPU tests, probes/dq_swizzle.py (128/64/32/0 in turn), ncu's excess
 #                                        # shared-memory wavefronts; ~300 s
-#   bash benchmarks/gpu_final.sh auto-grid # session 32's auto settings (causal five-product programs on the
-#                                        # dynamic scheduler, early coordinates for the causal d64 forward):
-#                                        # their GPU tests under auto, then the grid as `grid`; ~450 s
+#   bash benchmarks/gpu_final.sh auto-grid # a change of auto's picks (session 32): the GPU tests that run the
+#                                        # backward's and the causal d64 forward's picks under auto, then the
+#                                        # grid as `grid`; ~450 s
 #   bash benchmarks/gpu_final.sh causal-1k # session 32's last call: the CUDA-graph replay tests, the 1k backward
 #                                        # as a graph, eagerly and through the API (bench_vs_graph.py), the
 #                                        # causal 1k cells in 3 rounds beside FA2 and cuDNN, and the d128 one on
@@ -634,11 +634,10 @@ case ${1:-tests} in
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-swizzle.log"; grep -v "Warn\|warn" "$OUT/dq-swizzle.log"
     grep -i "excessive\|wavefronts" "$OUT/ncu-swizzle.log"; cat "$OUT/times.txt" ;;
   auto-grid)
-    # A change of what auto picks (session 32: causal persistent five-product programs on the dynamic
-    # scheduler, causal d128 on the fused kernel at every length, the causal d64 forward's consumers
-    # reading each item's coordinates from the loader): the GPU tests that run those picks under auto
-    # (the fused grid with persistence and the scheduler left to auto, the persistent tests, the auto
-    # dispatch, CUDA-graph replay, the LSE gradient, the causal d64 forward grid), then the grid.
+    # A change of what auto picks (written in session 32 for causal persistent programs on the dynamic
+    # scheduler and the causal d64 forward's early coordinates): the GPU tests that run the picks under
+    # auto (the fused grid with persistence and the scheduler left to auto, the persistent tests, the
+    # auto dispatch, CUDA-graph replay, the LSE gradient, the causal d64 forward grid), then the grid.
     gluon_tests tests-auto.log "${TEST_LIMIT:-220}" 200 tests/test_gluon.py -m gpu -k "${AUTO_SELECTION:-fused_backward_grid \
       or persistent_programs_matches or by_default or replay or lse_gradient or (gluon_forward_grid and d64 and causal)}"
     step timeout 400 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k 4k 16k \
