@@ -112,7 +112,7 @@
 #   bash benchmarks/gpu_final.sh spread    # attempt 74 (on under auto since session 30): the d64
 #                                        # forward's timeline with the one-part tiles' programs traced, then
 #                                        # probes/fwd_spread.py (0 against 1), then its GPU tests forced on; ~300 s
-#   bash benchmarks/gpu_final.sh early-coords  # attempt 77 (off under auto): the persistent forward's consumers
+#   bash benchmarks/gpu_final.sh early-coords  # attempt 77 (on for causal d64 since session 32): the persistent forward's consumers
 #                                        # read each item's coordinates from the loader: its GPU tests forced on
 #                                        # (d64), the timeline at 1k with it off and on, then
 #                                        # probes/fwd_early_coords.py (0 against 1, 7 rounds); ~200 s
@@ -645,7 +645,7 @@ case ${1:-tests} in
     cat "$OUT/gpu.txt"; tail -3 "$OUT/tests-auto.log"; grep -v "Warn" "$OUT/bench.log" | tail -60; cat "$OUT/times.txt" ;;
   causal-1k)
     # The causal 1k cells, which read 11-52% below session 30's grid in session 32's (the other cells
-    # within a few %): the replay tests (d128 now on persistent programs from the dynamic scheduler),
+    # within a few %): the replay tests (d128 on persistent programs from the dynamic scheduler in tree D),
     # where the backward's 1k time goes on this lease (CUDA graph / eager / API, FA2 beside), the
     # causal 1k cells in rounds, then the d128 backward cell with the seven-product kernels.
     WORKERS=3 gluon_tests tests-replay.log 120 100 tests/test_gluon.py -m gpu -k replay

@@ -451,9 +451,11 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     assert not dq_sum.any() and sum_desc.block_shape == [m, width // 2]
     num_n_blocks = triton.cdiv(seqlen_k, n)
     assert grid == (num_n_blocks * batch * heads_kv,)  # (12 key tiles: persistent or not, a program each)
-    # persistent programs where auto says (attempt 76: causal d64 at 300 rows, not causal d128), in
-    # fixed turns (the dynamic scheduler is off under auto: session 32)
-    assert const.get("PERSISTENT", False) == hopper.fused_persistent(width, True, seqlen_q) == (width == 64)
+    # persistent programs where auto says (attempt 76: causal d64 at a key tile's 900 rows, its kv
+    # head's 3 query heads × 300; not causal d128), in fixed turns (the dynamic scheduler is off
+    # under auto: session 32)
+    rows_a_tile = (heads_q // heads_kv) * seqlen_q
+    assert const.get("PERSISTENT", False) == hopper.fused_persistent(width, True, rows_a_tile) == (width == 64)
     assert not hopper.fused_dynamic(True)
     scale = head_dim ** -0.5
     # causal, and the kv heads' Q and dO far inside L2: one group of every (batch, kv head) row
@@ -877,8 +879,9 @@ def test_spread_takes_a_program_count_coprime_with_the_tiles_where_the_last_tile
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 def test_early_coords_go_to_persistent_launches_only_and_only_when_on(monkeypatch):
     # FLASHTILE_GLUON_FWD_EARLY_COORDS (attempt 77): the consumers read each item's coordinates from
-    # the loader (gluon_fwd's EARLY_COORDS). Off under auto until timed; passed only when on, so the
-    # default launch keeps its arguments and fast_launch key; a program per Q tile never takes it.
+    # the loader (gluon_fwd's EARLY_COORDS). Under auto for causal calls on the d64 kernel (session
+    # 32); passed only when on, so other launches keep their arguments and fast_launch key; a program
+    # per Q tile never takes it.
     gluon_fwd = hopper._gluon()[0]
     launches = []
     monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
@@ -1565,7 +1568,7 @@ def test_gpu_fused_backward_on_persistent_programs_matches_the_oracle(fused_back
     persistent = [grid for grid, on, _, _ in launches if on]
     assert len(persistent) == 5, launches
     assert all(skip == (skip_end_meeting == "1") for _, on, skip, _ in launches if on)
-    # the counter: an int32, zeroed with the dQ sum, where the scheduler is dynamic; None in fixed turns
+    # the counter: an int32 of its own where the scheduler is dynamic; None in fixed turns
     assert all((counter is not None) == (dynamic == "1") for _, on, _, counter in launches if on)
     if programs is not None:  # (the third case has two key tiles: two programs)
         assert persistent == [(3,), (3,), (2,), (3,), (3,)], persistent
@@ -1614,6 +1617,12 @@ def test_a_dynamic_persistent_backward_takes_a_zeroed_counter_of_its_own(monkeyp
         else:
             assert counter.dtype == torch.int32 and counter.shape == (1,) and int(counter) == 0
             assert counter.untyped_storage().data_ptr() != dq_sum.untyped_storage().data_ptr()
+            # zeroed for each launch: the next call's counter starts at 0 whatever this one's reached
+            counter.add_(5)  # (what the stubbed launch's loaders would have taken)
+            launches.clear()
+            hopper.backward(q, k, v, out, dout, torch.randn(2, 6, 300), None, 0.125, causal, dq, dk, dv)
+            again = launches[0][2][23]
+            assert again is not counter and int(again) == 0 and int(counter) == 5
 
 
 def test_the_end_meeting_switch_names_what_it_takes_and_auto_keeps_the_meeting(monkeypatch):

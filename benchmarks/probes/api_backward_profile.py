@@ -3,14 +3,16 @@
     python benchmarks/probes/api_backward_profile.py [--headdims 64 128] [--seqlen 1024] [--calls 20]
 
 Session 32's grid read the causal 1k backward cells at 0.80 ms (d64) and 0.77-0.84 ms (d128) through
-flashtile bench, where the same kernels alone (CUDA graphs) run 0.52-0.55 ms and the seven-product
-kernels through the bench read 0.54 ms (d128): the five-product backward on persistent programs from
-the dynamic scheduler lost ~40% between the kernels and the API, non-causal cells nothing.
-bench_vs_graph.py --backward put it in the API way: hopper.backward called eagerly ran at the graph's
-speed. This probe, one cell (B·N = 16k tokens, H = 2048 / d, bf16, (B, H, N, d), causal), per setting
-("auto"; "dynamic": persistent programs on the counter, FLASHTILE_GLUON_BWD_PERSISTENT=1 and
-FLASHTILE_GLUON_BWD_DYNAMIC=1; "turns": persistent in fixed turns; "tile": a program per key tile,
-FLASHTILE_GLUON_BWD_PERSISTENT=0; "seven": FLASHTILE_GLUON_BWD_FUSED=0), prints:
+flashtile bench, on the five-product backward's persistent programs from the dynamic scheduler, where
+the same kernels alone (CUDA graphs) ran 0.63 ms (d64) and 0.52 ms (d128) and the seven-product
+kernels through the bench read 0.54 ms (d128). bench_vs_graph.py --backward put the loss in the API
+way: hopper.backward called eagerly ran at the graph's speed, through autograd at 0.57x (d64 causal)
+and 0.71x (d128 causal); non-causal at 0.99x (d64) and 0.83x (d128). This probe, one cell (B·N =
+16k tokens, H = 2048 / d, bf16, (B, H, N, d), causal), per setting
+("auto"; on the five-product kernel, FLASHTILE_GLUON_BWD_FUSED=1: "dynamic", persistent programs on
+the counter, FLASHTILE_GLUON_BWD_PERSISTENT=1 and FLASHTILE_GLUON_BWD_DYNAMIC=1; "turns", persistent
+in fixed turns; "tile", a program per key tile, FLASHTILE_GLUON_BWD_PERSISTENT=0; and "seven",
+FLASHTILE_GLUON_BWD_FUSED=0), prints:
 
 - ``bench``: do_bench's median of torch.autograd.grad on the API's output (as flashtile bench);
 - ``host``: the host's microseconds a call, 20 calls issued without a wait (the queue ahead);
@@ -36,9 +38,10 @@ from flashtile.kernels import hopper
 
 SETTINGS = {
     "auto": {},
-    "dynamic": {hopper.FUSED_PERSISTENT_SWITCH: "1", hopper.FUSED_DYNAMIC_SWITCH: "1"},
-    "turns": {hopper.FUSED_PERSISTENT_SWITCH: "1", hopper.FUSED_DYNAMIC_SWITCH: "0"},
-    "tile": {hopper.FUSED_PERSISTENT_SWITCH: "0"},
+    # (the fused kernel forced: auto runs causal d128 below 2k keys on the seven-product kernels)
+    "dynamic": {hopper.FUSED_SWITCH: "1", hopper.FUSED_PERSISTENT_SWITCH: "1", hopper.FUSED_DYNAMIC_SWITCH: "1"},
+    "turns": {hopper.FUSED_SWITCH: "1", hopper.FUSED_PERSISTENT_SWITCH: "1", hopper.FUSED_DYNAMIC_SWITCH: "0"},
+    "tile": {hopper.FUSED_SWITCH: "1", hopper.FUSED_PERSISTENT_SWITCH: "0"},
     "seven": {hopper.FUSED_SWITCH: "0"},
 }
 

@@ -1,6 +1,7 @@
 """The five-product backward on persistent programs against a program per key tile and the seven-product kernels.
 
     python benchmarks/probes/fused_persistent.py [--headdims 64 128] [--seqlens 1024 2048 4096] [--rounds 3]
+        [--causal both|yes|no] [--settings seven tile persistent lean dynamic] [--no-check]
 
 Attempt 76 (FLASHTILE_GLUON_BWD_PERSISTENT, gluon_bwd_fused's PERSISTENT). A program per key tile
 pays a fixed cost each (the CTA's start, its K, V and first Q-side tiles loaded with nothing beside
@@ -23,7 +24,9 @@ the runs' spread.
    the settings in turn each round: "seven" (FLASHTILE_GLUON_BWD_FUSED=0), "tile" (the fused kernel,
    a program per key tile), "persistent", "lean" (persistent without the meeting after each key tile,
    attempt 78), "dynamic" (persistent on a counter the grid shares, attempt 79); medians, TFLOP/s,
-   ratios: persistent / tile, persistent / seven, lean / persistent, dynamic / persistent.
+   ratios: persistent / tile, persistent / seven, lean / persistent, dynamic / persistent, dynamic /
+   tile (a dash where a setting was left out). --causal picks the masks timed; the oracle checks run
+   both.
 """
 
 from __future__ import annotations

@@ -1290,7 +1290,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     dq_acc = torch.zeros(batch * heads_q * s_pad, head_dim, dtype=torch.float32, device=q.device)
     # (persistent programs on the dynamic scheduler: a counter of their own, zeroed for each launch,
     # as the forward's; session 32 timed it as an int32 in an extra row of the zeroed sum, whose
-    # calls through autograd took 160-230 µs more host time, see FUSED_DYNAMIC)
+    # calls through autograd took 160-235 µs more host time, see FUSED_DYNAMIC)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if dynamic else None
     box = (block_m, head_dim // 2)
     dq_acc_desc = _descriptor(dq_acc, box, _sum_layout(box, dq_sum_swizzle()))
