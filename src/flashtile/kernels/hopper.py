@@ -427,11 +427,12 @@ SKIP_END_MEETING_SWITCH = "FLASHTILE_GLUON_BWD_SKIP_END_MEETING"
 # call took 234 µs more host time on it than in fixed turns at d128 (861 against 627) and 159 at d64
 # (724 against 565), where the kernels' own times were 402 and 475 µs at d128: the d128 cell read
 # 0.889 ms against 0.598 in fixed turns and 0.552 a program per key tile. Stubbed kernels on a CPU
-# show 5 µs between the two host paths, and the builds' metadata is the same, so the cost is not in
-# the Python path (not found yet). The counter then was an int32 in an extra row of the zeroed dQ
-# sum (a 128 MiB + 512 B buffer at d128 1k); after the device time it became a counter of its own,
-# zeroed by torch.zeros(1) as the forward's, which reads at its kernels' speed through the API (not
-# yet run). Off. FLASHTILE_GLUON_BWD_DYNAMIC (auto, 0, 1).
+# show 5 µs between the two host paths, and the builds' metadata is the same. That was one sample,
+# the counter first, on a lease whose 1k cells drifted between calls, so whether the cost is the
+# counter's is open (the probe now rotates the order over rounds). The counter then was an int32 in
+# an extra row of the zeroed dQ sum (a 128 MiB + 512 B buffer at d128 1k); after the device time it
+# became a counter of its own, zeroed by torch.zeros(1) as the forward's, which reads at its
+# kernels' speed through the API (not yet run). Off. FLASHTILE_GLUON_BWD_DYNAMIC (auto, 0, 1).
 FUSED_DYNAMIC = {False: False, True: False}
 FUSED_DYNAMIC_SWITCH = "FLASHTILE_GLUON_BWD_DYNAMIC"
 
