@@ -96,6 +96,10 @@
 #                                        # as a graph, eagerly and through the API (bench_vs_graph.py), the
 #                                        # causal 1k cells in 3 rounds beside FA2 and cuDNN, and the d128 one on
 #                                        # the seven-product kernels; ~350 s
+#   bash benchmarks/gpu_final.sh dynamic-host # whether session 32's host cost belongs to the backward's dynamic
+#                                        # scheduler: its GPU tests forced on, then probes/api_backward_profile.py
+#                                        # in rotated rounds on this tree and (given) OLD_SRC, e.g. 620bcbc's src/
+#                                        # whose counter is the dQ sum's extra row; ~300 s
 #   bash benchmarks/gpu_final.sh grid      # the speed table's grid, flashtile bench beside FA2, cuDNN, Flex; ~210 s
 #   bash benchmarks/gpu_final.sh host      # short calls' host time: the replay tests, then probes/host_profile.py
 #                                        # --calibrate at d128 and d256 (flashtile beside SDPA); ~90 s
@@ -660,6 +664,24 @@ case ${1:-tests} in
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-replay.log"
     for d in 64 128; do grep -v "Warn\|warn" "$OUT/bwd-vs-graph-d$d.log" | tail -5; done
     grep "│" "$OUT/bench-causal-1k.log" | head -9; grep "│" "$OUT/bench-seven.log" | head -2; cat "$OUT/times.txt" ;;
+  dynamic-host)
+    # Session 32 measured 160-235 µs more host time a backward call through autograd on the dynamic
+    # scheduler, in one sample, the counter first, on a drifting lease. First the persistent tests with
+    # the counter forced on (this tree's counter is an int32 of its own), then the probe in rotated
+    # rounds (CPU time beside wall time, GC pauses, the allocator's events) on this tree and, given
+    # OLD_SRC (a src/ tree carried here), on that one.
+    FLASHTILE_GLUON_BWD_FUSED=1 FLASHTILE_GLUON_BWD_PERSISTENT=1 FLASHTILE_GLUON_BWD_DYNAMIC=1 \
+      gluon_tests tests-dynamic.log "${TEST_LIMIT:-150}" 150 tests/test_gluon.py -m gpu \
+      -k "${DYNAMIC_SELECTION:-persistent_programs_matches or fused_backward_grid}"
+    for tree in "$PWD/src" ${OLD_SRC:+"$OLD_SRC"}; do
+      name=$([[ $tree == "$PWD/src" ]] && echo this || echo old)
+      step env PYTHONPATH="$tree" timeout "${PROBE_LIMIT:-120}" python3 benchmarks/probes/api_backward_profile.py \
+        --headdims 64 128 --settings dynamic turns tile seven --rounds "${ROUNDS:-3}" --calls 200 \
+        > "$OUT/api-backward-$name.log" 2>&1
+    done
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-dynamic.log"
+    for log in "$OUT"/api-backward-*.log; do echo "== $log"; grep "medians\|floor" "$log"; done
+    cat "$OUT/times.txt" ;;
   grid)
     # The speed table's grid (docs/performance.md's current table, the README plot): d64, d128,
     # d256 at 1k, 4k, 16k beside FA2, cuDNN and FlexAttention; ~210 s.
