@@ -437,22 +437,22 @@ FUSED_DYNAMIC = {False: False, True: False}
 FUSED_DYNAMIC_SWITCH = "FLASHTILE_GLUON_BWD_DYNAMIC"
 
 
-def _fused_table_setting(switch: str, table: dict, head_dim: int, causal: bool) -> bool:
-    """Under ``switch`` auto, ``table``'s entry for (``head_dim``, ``causal``) (False where it has
-    none); else the switch's 1 or 0."""
+def _table_setting(switch: str, table: dict, head_dim: int, causal: bool) -> bool:
+    """Under ``switch`` auto, ``table``'s entry for (kernel ``head_dim``, ``causal``) (False where it
+    has none); else the switch's 1 or 0."""
     return switched(switch, table.get((head_dim, causal), False))
 
 
 def fused_defer_dk(head_dim: int, causal: bool) -> bool:
     """FUSED_DEFER_DK's entry for (``head_dim``, ``causal``), or FLASHTILE_GLUON_BWD_DEFER_DK where
     not auto."""
-    return _fused_table_setting(DEFER_DK_SWITCH, FUSED_DEFER_DK, head_dim, causal)
+    return _table_setting(DEFER_DK_SWITCH, FUSED_DEFER_DK, head_dim, causal)
 
 
 def fused_hoist_stats(head_dim: int, causal: bool) -> bool:
     """FUSED_HOIST_STATS's entry for (``head_dim``, ``causal``), or FLASHTILE_GLUON_BWD_HOIST_STATS
     where not auto."""
-    return _fused_table_setting(HOIST_STATS_SWITCH, FUSED_HOIST_STATS, head_dim, causal)
+    return _table_setting(HOIST_STATS_SWITCH, FUSED_HOIST_STATS, head_dim, causal)
 
 
 def fused_persistent(head_dim: int, causal: bool, rows: int) -> bool:
@@ -829,7 +829,7 @@ def _spread() -> bool:
 def _early_coords(head_dim: int, causal: bool) -> bool:
     """PERSISTENT_EARLY_COORDS's entry for (kernel ``head_dim``, ``causal``) (False where it has none),
     or FLASHTILE_GLUON_FWD_EARLY_COORDS where not auto."""
-    return switched(EARLY_COORDS_SWITCH, PERSISTENT_EARLY_COORDS.get((head_dim, causal), False))
+    return _table_setting(EARLY_COORDS_SWITCH, PERSISTENT_EARLY_COORDS, head_dim, causal)
 
 
 def persistent_dynamic(causal: bool, seqlen_k: int) -> bool:
