@@ -499,6 +499,14 @@ def test_the_tail_split_is_off_under_auto_and_for_causal_grids(monkeypatch):
     assert hopper._takes_tail_split(q, False, 2048, 256) is None
 
 
+def _recorded_forward_launches(monkeypatch) -> list:
+    """The dense Gluon forward's kernel stubbed: the list its launches go to ((name, grid, args,
+    constexprs), as _RecordLaunch records them)."""
+    launches = []
+    monkeypatch.setattr(hopper._gluon()[0], "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
+    return launches
+
+
 def _stubbed_fused_backward(monkeypatch) -> list:
     """The host side of the five-product backward with its kernels stubbed: FLASHTILE_GLUON_BWD_FUSED=1,
     Gluon's TMA reduction (no PTX rewrite to check), no preprocess; returns the list its kernels'
@@ -698,10 +706,8 @@ def test_deterministic_reaches_the_backward_op(monkeypatch):
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_the_gluon_forward_hands_its_kernel_descriptors_of_its_own_tiles(monkeypatch, head_dim):
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0")  # a program per Q tile (persistent: below)
-    gluon_fwd = hopper._gluon()[0]
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, "2")  # two consumers: 128-row tiles at d64 too
-    launches = []
-    monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
+    launches = _recorded_forward_launches(monkeypatch)
     q, out = (torch.randn(2, 6, 300, head_dim, dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(2, 2, 333, head_dim, dtype=torch.bfloat16) for _ in range(2))
     lse = hopper.forward(q, k, v, out, head_dim ** -0.5, causal=False)
@@ -720,10 +726,8 @@ def test_the_gluon_forward_hands_its_kernel_descriptors_of_its_own_tiles(monkeyp
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 def test_a_repeated_forward_launches_from_its_plan_with_the_new_tensors(monkeypatch):
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0")  # a program per Q tile (persistent: below)
-    gluon_fwd = hopper._gluon()[0]
     monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH, raising=False)
-    launches = []
-    monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
+    launches = _recorded_forward_launches(monkeypatch)
 
     def call(seqlen_k=333, causal=True, scale=0.125):
         q, out = (torch.randn(2, 6, 300, 128, dtype=torch.bfloat16) for _ in range(2))
@@ -799,9 +803,7 @@ def test_three_consumer_warpgroups_run_at_d64_unless_the_switch_says_two(monkeyp
 @pytest.mark.parametrize("head_dim", [40, 64, 128])
 def test_three_or_four_consumers_launch_tiles_of_64_row_parts(monkeypatch, head_dim, consumers):
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "0")  # a program per Q tile (persistent: below)
-    gluon_fwd = hopper._gluon()[0]
-    launches = []
-    monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
+    launches = _recorded_forward_launches(monkeypatch)
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, str(consumers))
     q, out = (torch.randn(2, 6, 500, head_dim, dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(2, 2, 333, head_dim, dtype=torch.bfloat16) for _ in range(2))
@@ -847,9 +849,7 @@ def test_spread_programs_share_no_factor_with_the_tiles_of_a_head_at_no_cost_in_
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 def test_spread_takes_a_program_count_coprime_with_the_tiles_where_the_last_tile_has_idle_parts(monkeypatch):
-    gluon_fwd = hopper._gluon()[0]
-    launches = []
-    monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
+    launches = _recorded_forward_launches(monkeypatch)
     monkeypatch.setattr(hopper, "sm_count", lambda device: 12)  # a pretend GPU of 12 SMs
     monkeypatch.setenv(hopper.FORWARD_PERSISTENT_SWITCH, "1")
     monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH, raising=False)  # d64: three, 192-row tiles
@@ -882,9 +882,7 @@ def test_early_coords_go_to_persistent_launches_only_and_only_when_on(monkeypatc
     # the loader (gluon_fwd's EARLY_COORDS). Under auto for causal calls on the d64 kernel (session
     # 32); passed only when on, so other launches keep their arguments and fast_launch key; a program
     # per Q tile never takes it.
-    gluon_fwd = hopper._gluon()[0]
-    launches = []
-    monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
+    launches = _recorded_forward_launches(monkeypatch)
     monkeypatch.setattr(hopper, "sm_count", lambda device: 7)  # a pretend GPU of 7 SMs
     monkeypatch.delenv(hopper.FORWARD_CONSUMERS_SWITCH, raising=False)
 
@@ -928,9 +926,7 @@ def test_early_coords_go_to_persistent_launches_only_and_only_when_on(monkeypatc
 @pytest.mark.parametrize("head_dim,seqlen_k,consumers,buffers", [(64, 333, 3, 2), (64, 333, 4, 2), (64, 333, 2, 2),
                                                                  (128, 333, 2, 2), (128, 5000, 2, 1), (256, 333, 2, 1)])
 def test_persistent_forward_launches_a_program_per_sm_at_most(monkeypatch, head_dim, seqlen_k, consumers, buffers):
-    gluon_fwd = hopper._gluon()[0]
-    launches = []
-    monkeypatch.setattr(gluon_fwd, "_fwd_pingpong_kernel", _RecordLaunch(launches, "forward"))
+    launches = _recorded_forward_launches(monkeypatch)
     monkeypatch.setattr(hopper, "sm_count", lambda device: 7)  # a pretend GPU of 7 SMs
     monkeypatch.setenv(hopper.FORWARD_CONSUMERS_SWITCH, str(consumers))
     q, out = (torch.randn(2, 6, 300, head_dim, dtype=torch.bfloat16) for _ in range(2))
