@@ -100,6 +100,9 @@
 #                                        # scheduler: its GPU tests forced on, then probes/api_backward_profile.py
 #                                        # in rotated rounds on this tree and (given) OLD_SRC, e.g. 620bcbc's src/
 #                                        # whose counter is the dQ sum's extra row; ~300 s
+#   bash benchmarks/gpu_final.sh branch-backward # a backward host-path branch's gate (BRANCH_DIR, its checkout
+#                                        # carried): its GPU tests of the backward, then api_backward_profile.py
+#                                        # on it and on this tree in turn; ~350 s
 #   bash benchmarks/gpu_final.sh grid      # the speed table's grid, flashtile bench beside FA2, cuDNN, Flex; ~210 s
 #   bash benchmarks/gpu_final.sh host      # short calls' host time: the replay tests, then probes/host_profile.py
 #                                        # --calibrate at d128 and d256 (flashtile beside SDPA); ~90 s
@@ -681,6 +684,24 @@ case ${1:-tests} in
     done
     cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-dynamic.log"
     for log in "$OUT"/api-backward-*.log; do echo "== $log"; grep "medians\|floor" "$log"; done
+    cat "$OUT/times.txt" ;;
+  branch-backward)
+    # The merge gate of a branch that changes the dense backward's host path (bwd-plan, session 33:
+    # a per-shape plan of its launches), BRANCH_DIR its checkout carried here: the branch's own GPU
+    # tests of the backward (FUSED_SELECTION, the block-sparse file), then
+    # probes/api_backward_profile.py on the branch and on this tree in turn, twice (causal 1k, d64 and
+    # d128, auto / tile / seven): the host's µs a call and do_bench's time through autograd; ~350 s.
+    [[ -d "${BRANCH_DIR:-}/src/flashtile" ]] || { echo "branch-backward needs BRANCH_DIR (a checkout carried here)" >&2; exit 2; }
+    (cd "$BRANCH_DIR" && PYTHONPATH=$PWD/src OUT=$OUT gluon_tests tests-branch.log "${TEST_LIMIT:-200}" 150 \
+      tests/test_gluon.py tests/test_gluon_listed.py -m gpu -k "$FUSED_SELECTION or plan")
+    for round in 1 2; do
+      for tree in "$BRANCH_DIR/src" "$PWD/src"; do
+        echo "== round $round PYTHONPATH=$tree" >> "$OUT/api-backward-ab.log"
+        step env PYTHONPATH="$tree" timeout "${PROBE_LIMIT:-70}" python3 benchmarks/probes/api_backward_profile.py \
+          --headdims 64 128 --settings auto tile seven --rounds 2 --calls 200 >> "$OUT/api-backward-ab.log" 2>&1
+      done
+    done
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-branch.log"; grep "^== \|medians\|floor" "$OUT/api-backward-ab.log"
     cat "$OUT/times.txt" ;;
   grid)
     # The speed table's grid (docs/performance.md's current table, the README plot): d64, d128,
