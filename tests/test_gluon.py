@@ -452,16 +452,17 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     num_n_blocks = triton.cdiv(seqlen_k, n)
     assert grid == (num_n_blocks * batch * heads_kv,)  # (12 key tiles: persistent or not, a program each)
     # persistent programs where auto says (attempt 76: causal d64 at a key tile's 900 rows, its kv
-    # head's 3 query heads × 300; not causal d128), in fixed turns (the dynamic scheduler is off
-    # under auto: session 32)
+    # head's 3 query heads × 300; causal d128 at any length), on the dynamic scheduler (causal calls
+    # under auto since session 33)
     rows_a_tile = (heads_q // heads_kv) * seqlen_q
-    assert const.get("PERSISTENT", False) == hopper.fused_persistent(width, True, rows_a_tile) == (width == 64)
-    assert not hopper.fused_dynamic(True)
+    assert const["PERSISTENT"] and hopper.fused_persistent(width, True, rows_a_tile) and hopper.fused_dynamic(True)
     scale = head_dim ** -0.5
     # causal, and the kv heads' Q and dO far inside L2: one group of every (batch, kv head) row
-    assert args[9:] == (heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, batch * heads_kv,
-                        s_pad, pytest.approx(scale * hopper.LOG2E), scale, 0, 1, None, None, None)
-    # (no tail split; no tile counter: persistent programs in fixed turns, or none)
+    assert args[9:23] == (heads_q, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k, num_n_blocks, batch * heads_kv,
+                          s_pad, pytest.approx(scale * hopper.LOG2E), scale, 0, 1, None, None)
+    # (no tail split; the dynamic scheduler's tile counter, zeroed)
+    counter = args[23]
+    assert counter.dtype == torch.int32 and counter.shape == (1,) and int(counter) == 0
     assert not const["TAIL_SPLIT"]
     assert args_convert[0] is dq_sum and args_convert[1] is dq
     assert args_convert[2:] == (*dq.stride()[:3], heads_q, seqlen_q, head_dim, s_pad, scale)
@@ -544,8 +545,9 @@ def test_a_split_fused_backward_launches_the_parts_and_sums_them_back(monkeypatc
     assert args_sum[4:] == (*dk.stride()[:3], *dv.stride()[:3], 10, 2, 3, heads_kv, seqlen_k, 128)
     launches.clear()
     hopper.backward(q, k, v, out, dout, torch.randn(batch, heads_q, seqlen_q), None, 0.125, True, dq, dk, dv)
-    (_, grid, args, const), _ = launches  # causal: no split
-    assert grid == (12,) and not const["TAIL_SPLIT"] and args[19:] == (0, 1, None, None, None)
+    (_, grid, args, const), _ = launches  # causal: no split; persistent programs on the counter
+    assert grid == (5,) and const["PERSISTENT"] and not const["TAIL_SPLIT"] and args[19:23] == (0, 1, None, None)
+    assert args[23] is not None
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
@@ -637,18 +639,16 @@ def test_a_fused_backward_that_fails_to_build_falls_back_under_auto_and_is_an_er
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_same_bits(monkeypatch):
-    def takes(head_dim=128, seqlen_k=16384, causal=False, deterministic=False, call_head_dim=None):
+    def takes(head_dim=128, causal=False, deterministic=False, call_head_dim=None):
         """Whether a (1, 16, 16384, call_head_dim) q on the kernels of ``head_dim`` takes it."""
         q = torch.empty(1, 1, 1, call_head_dim or head_dim, dtype=torch.bfloat16).expand(1, 16, 16384, -1)
-        return hopper._takes_fused(q, head_dim, seqlen_k, causal, 16384, deterministic)
+        return hopper._takes_fused(q, head_dim, causal, 16384, deterministic)
 
     monkeypatch.setattr(hopper._gluon_common(), "HAS_TMA_REDUCE", True)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD_FUSED", raising=False)
     assert hopper.FUSED_UNDER_AUTO  # on since the epilogue's barrier ran on the H200 (session 13)
-    assert takes() and takes(seqlen_k=1024) and takes(causal=True) and takes(seqlen_k=2048, causal=True)
-    assert not takes(seqlen_k=1024, causal=True)  # d128 causal from 2k keys (session 32; 4k in 20-31)
-    assert takes(head_dim=64) and takes(head_dim=64, seqlen_k=4096, causal=True)  # d64: 128-row tiles
-    assert takes(head_dim=64, seqlen_k=1024, causal=True)  # d64 causal at every length (session 31)
+    # every length at d64 and d128, causal or not (d64 causal since session 31, d128 causal since 33)
+    assert takes() and takes(causal=True) and takes(head_dim=64) and takes(head_dim=64, causal=True)
     assert not takes(head_dim=256)  # no d256 kernel
     assert not takes(deterministic=True)
     assert not takes(call_head_dim=96)  # the d128 kernel over zero columns: not timed so
@@ -660,7 +660,7 @@ def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_sam
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     assert takes()
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
-    assert takes(head_dim=64) and takes(seqlen_k=1024, causal=True) and not takes(deterministic=True)
+    assert takes(head_dim=64) and takes(causal=True) and not takes(deterministic=True)
     assert takes(call_head_dim=96) and takes(head_dim=64, call_head_dim=40)
     assert not takes(head_dim=256)
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "0")
@@ -672,10 +672,10 @@ def test_the_fused_backward_runs_where_measured_and_never_when_asked_for_the_sam
     monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", False)
     assert not takes()
     monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", True)
-    assert takes() and not takes(seqlen_k=1024, causal=True) and not takes(deterministic=True)
+    assert takes() and takes(causal=True) and not takes(deterministic=True)
     monkeypatch.setattr(hopper, "PTX_REDUCE_UNDER_AUTO", False)
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")
-    assert takes() and takes(head_dim=64, seqlen_k=1024, causal=True) and not takes(deterministic=True)
+    assert takes() and takes(head_dim=64, causal=True) and not takes(deterministic=True)
 
 
 def test_deterministic_reaches_the_backward_op(monkeypatch):
@@ -1580,10 +1580,12 @@ def test_the_persistent_switch_names_what_it_takes_and_auto_follows_the_table(mo
     assert not hopper.fused_persistent(64, True, 1024) and not hopper.fused_persistent(128, False, 1024)
     monkeypatch.delenv(hopper.FUSED_PERSISTENT_SWITCH)
     cases = [(d, causal) for d in (64, 128) for causal in (False, True)]
-    # as timed (sessions 31, 32): at up to 1k rows a key tile but for causal d128; no d256 kernel
-    assert [hopper.fused_persistent(*case, 1024) for case in cases] == [True, True, True, False]
-    assert not any(hopper.fused_persistent(*case, 1025) for case in cases)
-    assert not hopper.fused_persistent(128, True, 1) and not hopper.fused_persistent(256, False, 1024)
+    # as timed (sessions 31-33): at up to 1k rows a key tile, causal d128 (on the dynamic scheduler) at
+    # any length; no d256 kernel
+    assert all(hopper.fused_persistent(*case, 1024) for case in cases)
+    assert [hopper.fused_persistent(*case, 1025) for case in cases] == [False, False, False, True]
+    assert hopper.fused_persistent(128, True, 1 << 20) and not hopper.fused_persistent(256, False, 1024)
+    assert hopper.fused_dynamic(True) and not hopper.fused_dynamic(False)  # causal calls (session 33)
     monkeypatch.setattr(hopper, "FUSED_PERSISTENT_MAX_ROWS", {(64, False): 2048})  # the table decides
     assert hopper.fused_persistent(64, False, 2048) and not hopper.fused_persistent(64, False, 2049)
     assert not hopper.fused_persistent(64, True, 1024)
@@ -1592,9 +1594,8 @@ def test_the_persistent_switch_names_what_it_takes_and_auto_follows_the_table(mo
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
 def test_a_dynamic_persistent_backward_takes_a_zeroed_counter_of_its_own(monkeypatch):
     # Attempt 79 (kernels stubbed): the dynamic scheduler's counter is one int32 of its own, zeroed
-    # for the launch, as the forward's; the dQ sum and its conversion are as in fixed turns. Off
-    # under auto (FUSED_DYNAMIC: session 32 measured a host cost through the API); fixed turns pass
-    # None.
+    # for the launch, as the forward's; the dQ sum and its conversion are as in fixed turns. Under
+    # auto for causal calls (FUSED_DYNAMIC, session 33); fixed turns pass None.
     launches = _stubbed_fused_backward(monkeypatch)
     monkeypatch.setenv(hopper.FUSED_PERSISTENT_SWITCH, "1")
     monkeypatch.setattr(hopper, "sm_count", lambda device: 5)
@@ -1608,7 +1609,7 @@ def test_a_dynamic_persistent_backward_takes_a_zeroed_counter_of_its_own(monkeyp
         counter, dq_sum = args[23], args[8].base
         assert grid == (5,) and const["PERSISTENT"]
         assert dq_sum.shape == (2 * 6 * 384, 128) and args_convert[0] is dq_sum
-        if dynamic != "1":
+        if dynamic == "0" or (dynamic == "auto" and not causal):  # auto: causal calls take the counter
             assert counter is None
         else:
             assert counter.dtype == torch.int32 and counter.shape == (1,) and int(counter) == 0

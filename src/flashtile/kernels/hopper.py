@@ -399,12 +399,13 @@ DEFER_DK_SWITCH = "FLASHTILE_GLUON_BWD_DEFER_DK"
 # causal 336 / 337 / 317; d128 1k 438 / 427 / 428, causal 286 / 314 / 316; d128 2k 491 / 493 / 458,
 # causal 289 / 409 / 400 (MHA: the rows a key tile streams are Sq): so at 1k rows, but for causal
 # d128, whose programs in fixed turns drift apart over the causal tiles' unequal lengths. The
-# dynamic scheduler (FUSED_DYNAMIC, attempt 79) fixes that in the kernels alone (session 32: over a
+# dynamic scheduler (FUSED_DYNAMIC, attempt 79) fixes that (session 32, kernels alone: over a
 # program per key tile at causal d128 1k / 2k / 4k / 8k / 16k 1.048 / 1.06-1.08 / 1.047 / 1.031 /
-# 1.019), but not through the API, so causal d128 keeps a program per key tile (see FUSED_DYNAMIC).
-# FLASHTILE_GLUON_BWD_PERSISTENT (auto, 0, 1) sets it for every call; FUSED_PERSISTENT_PROGRAMS caps
-# the programs (None: the SMs; the tests take a few, so that each runs many key tiles).
-FUSED_PERSISTENT_MAX_ROWS = {(64, False): 1024, (64, True): 1024, (128, False): 1024}
+# 1.019; session 33 through the API, see FUSED_DYNAMIC), so causal d128 is persistent at any length
+# (None). FLASHTILE_GLUON_BWD_PERSISTENT (auto, 0, 1) sets it for every call;
+# FUSED_PERSISTENT_PROGRAMS caps the programs (None: the SMs; the tests take a few, so that each runs
+# many key tiles).
+FUSED_PERSISTENT_MAX_ROWS = {(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): None}
 FUSED_PERSISTENT_SWITCH = "FLASHTILE_GLUON_BWD_PERSISTENT"
 FUSED_PERSISTENT_PROGRAMS: int | None = None
 # Whether a persistent five-product program whose dK and dV are staged apart from K (d64) skips the
@@ -426,14 +427,17 @@ SKIP_END_MEETING_SWITCH = "FLASHTILE_GLUON_BWD_SKIP_END_MEETING"
 # (autograd's backward, as flashtile bench times it; probes/api_backward_profile.py, causal 1k) each
 # call took 234 µs more host time on it than in fixed turns at d128 (861 against 627) and 159 at d64
 # (724 against 565), where the kernels' own times were 402 and 475 µs at d128: the d128 cell read
-# 0.889 ms against 0.598 in fixed turns and 0.552 a program per key tile. Stubbed kernels on a CPU
-# show 5 µs between the two host paths, and the builds' metadata is the same. That was one sample,
-# the counter first, on a lease whose 1k cells drifted between calls, so whether the cost is the
-# counter's is open (the probe now rotates the order over rounds). The counter then was an int32 in
-# an extra row of the zeroed dQ sum (a 128 MiB + 512 B buffer at d128 1k); after the device time it
-# became a counter of its own, zeroed by torch.zeros(1) as the forward's, which reads at its
-# kernels' speed through the API (not yet run). Off. FLASHTILE_GLUON_BWD_DYNAMIC (auto, 0, 1).
-FUSED_DYNAMIC = {False: False, True: False}
+# 0.889 ms against 0.598 in fixed turns and 0.552 a program per key tile. That was one sample, the
+# counter first, on a lease whose 1k cells drifted between calls. Session 33 ran the probe again in 3
+# rounds, the settings' order rotated, on this tree (the counter an int32 of its own) and on 620bcbc's
+# (the counter an extra row of the zeroed dQ sum): host µs a call dynamic / turns / tile / seven at
+# d128 829 / 926 / 933 / 765 here and 780 / 676 / 841 / 751 there, at d64 740 / 653 / 800 / 705 and
+# 672 / 725 / 735 / 585, the process's CPU time within 4% of each; the dynamic d128 call was the
+# fastest through do_bench in both (0.859 and 0.753 ms; a program per key tile 1.042 and 0.889). So
+# no host cost of the counter's: the host of that lease was slow throughout (autograd's own floor, a
+# Function returning ready gradients, 95-161 µs a call). On for causal calls.
+# FLASHTILE_GLUON_BWD_DYNAMIC (auto, 0, 1).
+FUSED_DYNAMIC = {False: False, True: True}
 FUSED_DYNAMIC_SWITCH = "FLASHTILE_GLUON_BWD_DYNAMIC"
 
 
@@ -459,8 +463,10 @@ def fused_persistent(head_dim: int, causal: bool, rows: int) -> bool:
     """Under auto, whether FUSED_PERSISTENT_MAX_ROWS has an entry for (``head_dim``, ``causal``) that
     the ``rows`` a key tile streams (query heads of a kv head × Sq) do not pass; else
     FLASHTILE_GLUON_BWD_PERSISTENT's 1 or 0 (a tail split, FLASHTILE_GLUON_BWD_TAIL, still runs a
-    program per key tile or part: _fused_backward)."""
-    return switched(FUSED_PERSISTENT_SWITCH, rows <= FUSED_PERSISTENT_MAX_ROWS.get((head_dim, causal), 0))
+    program per key tile or part: _fused_backward). An entry of None: at any length."""
+    key = (head_dim, causal)
+    limit = FUSED_PERSISTENT_MAX_ROWS.get(key, 0)
+    return switched(FUSED_PERSISTENT_SWITCH, key in FUSED_PERSISTENT_MAX_ROWS and (limit is None or rows <= limit))
 
 
 def fused_skip_end_meeting() -> bool:
@@ -1074,7 +1080,7 @@ FUSED_Q_DESCENDING = {128: True}
 _FUSED_FAILED: set = set()  # (head dim, dtype, causal) whose fused kernel failed to build here
 
 
-def fused_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
+def fused_measured_faster(head_dim: int) -> bool:
     """Where the five-product backward beat the seven-product one on the H200 (session 12,
     triton 3.9, bf16, 16k tokens, CUDA graphs of the kernels, benchmarks/probes/fused_bwd.py;
     TFLOP/s at 1k / 2k / 4k / 8k / 16k): d128 non-causal 446 / 517 / 526 / 541 / 540 against
@@ -1098,14 +1104,13 @@ def fused_measured_faster(head_dim: int, seqlen_k: int, causal: bool) -> bool:
     key tile against the seven-product kernels): d128 causal at 1k / 2k / 4k / 8k / 16k 315 / 412 /
     469 / 512 / 527 against 321 / 382 / 426 / 462 / 467 (a second run at 2k: 400 against 386), and
     through the API at 1k (probes/api_backward_profile.py) 0.552 ms against 0.555: so d128 causal
-    from 2k keys."""
-    if head_dim not in (64, 128):
-        return False
-    return not causal or head_dim == 64 or seqlen_k >= 2048
+    from 2k keys. Session 33: on persistent programs from the dynamic scheduler (FUSED_DYNAMIC) the
+    causal d128 1k kernels take 521 µs (400 the fused kernel, 121 the preprocess, the sum's zeros and
+    its conversion) against the seven-product kernels' 534: so every length, at d64 and d128."""
+    return head_dim in (64, 128)
 
 
-def _takes_fused(q: torch.Tensor, head_dim: int, seqlen_k: int, causal: bool, s_pad: int,
-                 deterministic: bool) -> bool:
+def _takes_fused(q: torch.Tensor, head_dim: int, causal: bool, s_pad: int, deterministic: bool) -> bool:
     """Whether this backward runs gluon_bwd_fused.py (``FLASHTILE_GLUON_BWD_FUSED``: auto, 1, 0).
     Never when the call asks for a deterministic backward. With a Triton whose Gluon lacks TMA
     reductions (before 3.8) only where PTX_REDUCE_UNDER_AUTO, or under 1: the kernel's reduction
@@ -1118,7 +1123,7 @@ def _takes_fused(q: torch.Tensor, head_dim: int, seqlen_k: int, causal: bool, s_
     if choice == "auto" and not (_gluon_common().HAS_TMA_REDUCE or PTX_REDUCE_UNDER_AUTO):
         return False
     if choice == "auto":  # as timed: the call's own head dim (a padded one, e.g. 96 on 128, has not been)
-        return (FUSED_UNDER_AUTO and fused_measured_faster(q.shape[3], seqlen_k, causal)
+        return (FUSED_UNDER_AUTO and fused_measured_faster(q.shape[3])
                 and (head_dim, q.dtype, causal) not in _FUSED_FAILED)
     return True
 
@@ -1154,7 +1159,7 @@ def backward(q, k, v, out, dout, lse, dlse, softmax_scale: float, causal: bool, 
 
     if block_mask is not None:
         return _listed_backward(q, k, v, dout, stats, softmax_scale, dq, dk, dv, head_dim, tile, block_mask)
-    if _takes_fused(q, head_dim, k.shape[2], causal, s_pad, deterministic):
+    if _takes_fused(q, head_dim, causal, s_pad, deterministic):
         try:
             return _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, head_dim, tile)
         except Exception as error:  # a kernel that cannot be built here: the seven-product one instead
