@@ -68,6 +68,9 @@
 #                                        # others, as session 30's non-causal ones), then the speed table's grid; ~400 s
 #   bash benchmarks/gpu_final.sh defer-dk   # attempt 66: the fused backward's dK product in flight through the
 #                                        # consumers' meeting: its GPU tests forced on, probes/defer_dk.py; ~250 s
+#   bash benchmarks/gpu_final.sh preprocess-zeroes # session 33: the preprocess zeroes the dQ sum and counter: the
+#                                        # backward's GPU tests, api_backward_profile.py on this tree and
+#                                        # OLD_SRC, the d128 16k targets and the 1k cells in rounds; ~450 s
 #   bash benchmarks/gpu_final.sh targets    # the d128 16k cells of the cuDNN target, flashtile beside cuDNN, FA2
 #                                        # and Flex, as medians of 5 interleaved rounds (flashtile bench --rounds);
 #                                        # ~150 s
@@ -758,6 +761,26 @@ case ${1:-tests} in
     python3 benchmarks/probes/ncu_source_summary.py "$OUT/source.csv" > "$OUT/source-summary.log" 2>&1
     gzip "$OUT/source.csv"; rm -f "$OUT/fwd.ncu-rep"
     cat "$OUT/source-summary.log"; cat "$OUT/times.txt" ;;
+  preprocess-zeroes)
+    # Session 33: the backward's preprocess zeroes the five-product kernel's dQ sum and counter (two
+    # fills' launches fewer). The backward's GPU tests (FUSED_SELECTION: grids, replay, dynamic
+    # scheduler, auto) and the preprocess's own test on the GPU; probes/api_backward_profile.py
+    # (causal 1k, auto / seven, rotated rounds) on this tree and on OLD_SRC (the tree before); the
+    # d128 16k target cells in rounds (as `targets`); then the 1k cells in rounds; ~450 s.
+    gluon_tests tests-zeroes.log "${TEST_LIMIT:-200}" 150 tests/test_gluon.py -m gpu -k "$FUSED_SELECTION"
+    gluon_tests tests-zeroes-preprocess.log 60 60 tests/test_gluon.py -k "preprocess"
+    for tree in "$PWD/src" ${OLD_SRC:+"$OLD_SRC"}; do
+      echo "== PYTHONPATH=$tree" >> "$OUT/api-backward.log"
+      step env PYTHONPATH="$tree" timeout "${PROBE_LIMIT:-70}" python3 benchmarks/probes/api_backward_profile.py \
+        --headdims 64 128 --settings auto seven --rounds 3 --calls 200 >> "$OUT/api-backward.log" 2>&1
+    done
+    step timeout 200 python3 -m flashtile bench --headdims 128 --seqlens 16k --rounds "${ROUNDS:-5}" \
+      --providers flashtile sdpa-cudnn sdpa-flash flex --json "$OUT/bench-targets.json" > "$OUT/bench-targets.log" 2>&1
+    step timeout 150 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k --rounds 3 \
+      --providers flashtile sdpa-flash sdpa-cudnn --json "$OUT/bench-1k.json" > "$OUT/bench-1k.log" 2>&1
+    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-zeroes.log" "$OUT/tests-zeroes-preprocess.log"
+    grep "^== \|medians\|floor\|preprocess\|Fill" "$OUT/api-backward.log"
+    grep "│" "$OUT/bench-targets.log" | head -12; grep "│" "$OUT/bench-1k.log" | head -14; cat "$OUT/times.txt" ;;
   targets)
     # Session 20's single runs read these four cells at 0.98-1.02x cuDNN: at parity, one run's
     # order and drift decide. Five rounds, the providers in turn, each ratio the median of the

@@ -229,12 +229,15 @@ def test_a_gluon_error_is_raised_when_forced_or_not_a_build_error(monkeypatch):
     assert hopper._FAILED == {("three-consumer forward", 64, torch.bfloat16, True, None)}
 
 
+@pytest.mark.parametrize("zeroes", [False, True], ids=["stats", "stats+dq-sum"])
 @pytest.mark.parametrize("with_dlse", [False, True], ids=["out", "out+lse"])
-def test_the_five_product_backward_stats_come_padded_from_one_preprocess(with_dlse):
+def test_the_five_product_backward_stats_come_padded_from_one_preprocess(with_dlse, zeroes):
     # The Gluon backward reads LSE·log2(e) and D from (B·Hq, S_pad) rows; for the five-product
     # kernel the preprocess writes them there, padding rows included (+inf and 0), on the CPU
-    # through the interpreter. (The seven-product dQ kernels write them themselves: the GPU grids
-    # below check those through the gradients, rows past the end and rows without keys included.)
+    # through the interpreter, and zeroes that kernel's float32 dQ sum (the same padded rows, the
+    # kernel's width) and its scheduler's counter where given. (The seven-product dQ kernels write
+    # the stats themselves: the GPU grids below check those through the gradients, rows past the
+    # end and rows without keys included.)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     batch, heads, seqlen, head_dim = 2, 3, 130, 40  # S_pad = 256: two padding blocks per row
     out, dout = (torch.randn(batch, seqlen, heads, head_dim, device=device).transpose(1, 2) for _ in range(2))
@@ -242,7 +245,15 @@ def test_the_five_product_backward_stats_come_padded_from_one_preprocess(with_dl
     lse[0, 1, 5:9] = float("-inf")  # rows that saw no key
     dlse = torch.randn(batch, heads, seqlen, device=device) if with_dlse else None
     lse2, delta = (torch.full((batch * heads, 256), float("nan"), device=device) for _ in range(2))
-    hopper._RowStats(out, dout, lse, dlse, lse2, delta).preprocess()
+    # (a row past the sum's end, which must stay as it was)
+    dq_sum = torch.full((batch * heads * 256 + 1, hopper.kernel_head_dim(head_dim)), float("nan"), device=device)
+    counter = torch.full((1,), 7, dtype=torch.int32, device=device)
+    if zeroes:
+        hopper._RowStats(out, dout, lse, dlse, lse2, delta).preprocess(dq_sum[:-1], counter)
+        assert not dq_sum[:-1].any() and int(counter) == 0 and dq_sum[-1].isnan().all()
+    else:
+        hopper._RowStats(out, dout, lse, dlse, lse2, delta).preprocess()
+        assert dq_sum.isnan().all() and int(counter) == 7
 
     assert lse2.shape == delta.shape == (batch * heads, 256)
     expected_lse2 = torch.full((batch * heads, 256), float("inf"), device=device)
@@ -411,7 +422,7 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     k, v, dk, dv = (torch.randn(batch, heads_kv, seqlen_k, head_dim, dtype=torch.bfloat16) for _ in range(4))
     lse = torch.randn(batch, heads_q, seqlen_q)
     s_pad = 384
-    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: launches.append(("preprocess", stats)))
+    monkeypatch.setattr(hopper._RowStats, "preprocess", _zeroing_preprocess(launches))
     streams = []  # what the causal grid's grouping was told each program streams (attempt 52)
     grouping = hopper.causal_heads_per_group
     monkeypatch.setattr(hopper, "causal_heads_per_group",
@@ -422,8 +433,9 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     assert streams == [2 * (heads_q // heads_kv)]
 
     width = hopper.kernel_head_dim(head_dim)
-    # the preprocess writes the stats rows first: this kernel has no dQ kernel to do it
-    (_, stats), *launches = launches
+    # the preprocess writes the stats rows first (this kernel has no dQ kernel to do it) and zeroes
+    # the dQ sum and the counter the kernel then takes
+    (_, stats, zeroed_sum, zeroed_counter), *launches = launches
     lse2, delta = stats.lse2, stats.delta
     assert lse2.shape == delta.shape == (batch * heads_q, s_pad) and stats.out is out and stats.lse is lse
     if reduction == "ptx":  # the binary built and checked first, with the kernel's own arguments
@@ -463,6 +475,7 @@ def test_the_fused_backward_hands_its_kernels_descriptors_of_their_own_tiles(mon
     # (no tail split; the dynamic scheduler's tile counter, zeroed)
     counter = args[23]
     assert counter.dtype == torch.int32 and counter.shape == (1,) and int(counter) == 0
+    assert zeroed_sum is dq_sum and zeroed_counter is counter
     assert not const["TAIL_SPLIT"]
     assert args_convert[0] is dq_sum and args_convert[1] is dq
     assert args_convert[2:] == (*dq.stride()[:3], heads_q, seqlen_q, head_dim, s_pad, scale)
@@ -518,8 +531,21 @@ def _stubbed_fused_backward(monkeypatch) -> list:
     launches = []
     for name in ("_dkdv_dq_kernel", "_dq_convert", "_dkdv_parts_convert"):
         monkeypatch.setattr(gluon_bwd_fused, name, _RecordLaunch(launches, name))
-    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: None)
+    monkeypatch.setattr(hopper._RowStats, "preprocess", _zeroing_preprocess(None))
     return launches
+
+
+def _zeroing_preprocess(launches: list | None):
+    """A stand-in for _RowStats.preprocess that writes no stats but zeroes the dQ sum and counter
+    it is given, as the launch does (the interpreter test of the preprocess checks that), and
+    records ("preprocess", stats, dq_sum, counter) in ``launches`` where given."""
+    def preprocess(stats, dq_sum=None, counter=None):
+        for buffer in (dq_sum, counter):
+            if buffer is not None:
+                buffer.zero_()
+        if launches is not None:
+            launches.append(("preprocess", stats, dq_sum, counter))
+    return preprocess
 
 
 @pytest.mark.skipif(hopper._gluon() is None, reason="this Triton has no Gluon Hopper descriptors")
@@ -614,7 +640,7 @@ def test_a_fused_backward_that_fails_to_build_falls_back_under_auto_and_is_an_er
     monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
     q, dout, dq, k, v, dk, dv, out = (torch.randn(1, 2, 300, 128, dtype=torch.bfloat16) for _ in range(8))
     lse = torch.randn(1, 2, 300)
-    monkeypatch.setattr(hopper._RowStats, "preprocess", lambda stats: None)
+    monkeypatch.setattr(hopper._RowStats, "preprocess", _zeroing_preprocess(None))
     monkeypatch.setattr(hopper, "sm_count", lambda device: 132)  # (persistent programs at 300 rows)
 
     def run():
@@ -1329,10 +1355,11 @@ def test_gpu_dynamic_scheduler_covers_every_tile_in_each_replay(monkeypatch, hea
 def test_gpu_forward_and_backward_replay_from_a_cuda_graph(monkeypatch, head_dim):
     # A training step captured once and replayed with new inputs copied in (what
     # torch.compile's "reduce-overhead" and hand-written graphs do): each replay must equal the
-    # eager step bit for bit, except dQ where the five-product backward ran (d64 here, as by
-    # default: causal d128 takes it from 2k keys), which adds its tiles' parts in the order they
-    # finish: there it must be within the oracle's tolerance (session 22 saw one replay's dQ differ
-    # in its last bits). On sm_90 the default forward and backward are Gluon in all three cases.
+    # eager step bit for bit, except dQ where the five-product backward ran (d64 and d128 here, as
+    # by default; causal, so on persistent programs from the dynamic scheduler, whose counter each
+    # replay zeroes), which adds its tiles' parts in the order they finish: there it must be within
+    # the oracle's tolerance (session 22 saw one replay's dQ differ in its last bits). On sm_90 the
+    # default forward and backward are Gluon in all three cases.
     monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
     monkeypatch.delenv(hopper.FUSED_SWITCH, raising=False)
@@ -1350,8 +1377,8 @@ def test_gpu_forward_and_backward_replay_from_a_cuda_graph(monkeypatch, head_dim
                         lambda *args, **kwargs: taken.append(takes_fused(*args, **kwargs)) or taken[-1])
     graph, captured = _captured(step)
     fused = any(taken)
-    if ON_HOPPER:  # (what auto takes there: the five-product kernel at d64, causal d128 from 2k keys)
-        assert taken and fused == (head_dim == 64), f"five-product backward taken: {taken} at d{head_dim}"
+    if ON_HOPPER:  # (what auto takes there: the five-product kernel at d64 and d128, session 33)
+        assert taken and fused == (head_dim in (64, 128)), f"five-product backward taken: {taken} at d{head_dim}"
     for _ in range(2):
         for buffer in (*leaves, dout):
             buffer.detach().copy_(torch.randn_like(buffer))

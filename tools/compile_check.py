@@ -43,7 +43,7 @@ POINTER_TYPES = {  # pointer arguments by name; the rest of the tensors are bf16
     "CacheSeqlens": "*i32", "CacheBatchIdx": "*i32", "LeftPad": "*i32", "BlockTable": "*i32", "KvIdx": "*i32",
     "KvPartial": "*i32", "KvCount": "*i32", "KvOrder": "*i32", "KvRuns": "*i32", "QIdx": "*i32", "QPartial": "*i32",
     "QCount": "*i32", "QOrder": "*i32", "QRuns": "*i32", "MaskBuf": "*i32", "ScoreBuf": "*fp32",
-    "Cu": "*i32", "LSE2": "*fp32",
+    "Cu": "*i32", "LSE2": "*fp32", "DqSum": "*fp32", "Counter": "*i32",
 }
 TENSORS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias", "X", "DescK", "DescV", "DescQ", "DescDO", "KCache",
            "VCache"}
@@ -468,10 +468,14 @@ def variants(quick: bool):
                 yield (f"dq d={d} {name}{' tma' if tma else ''}", _bwd_dq_kernel,
                        dict(HEAD_DIM=d, HEAD_DIM_PADDED=dp, BLOCK_M=128 if d <= 128 else 32, BLOCK_N=64,
                             HAS_DBIAS=f["HAS_BIAS"], **dict(f, USE_TMA=tma)), 8, stages)
+    no_sum = dict(DqSum=None, Counter=None, DQ_SUM_WIDTH=0)  # (as the launches without a dQ sum pass them)
     yield ("preprocess", _bwd_preprocess, dict(HEAD_DIM=128, HEAD_DIM_PADDED=128, BLOCK_M=64, HAS_DLSE=True,
-                                               IS_VARLEN=True, PADDED=False), 4, 1)
+                                               IS_VARLEN=True, PADDED=False, **no_sum), 4, 1)
     yield ("preprocess padded", _bwd_preprocess, dict(HEAD_DIM=128, HEAD_DIM_PADDED=128, BLOCK_M=64, HAS_DLSE=True,
-                                                      IS_VARLEN=False, PADDED=True), 4, 1)
+                                                      IS_VARLEN=False, PADDED=True, **no_sum), 4, 1)
+    yield ("preprocess padded, dQ sum and counter zeroed", _bwd_preprocess,
+           dict(HEAD_DIM=128, HEAD_DIM_PADDED=128, BLOCK_M=64, HAS_DLSE=False, IS_VARLEN=False, PADDED=True,
+                DQ_SUM_WIDTH=128), 4, 1)
     yield ("padding fill", _fill_rows_outside_kernel, dict(BLOCK_R=8, BLOCK_C=512), 4, 1)
     for paged in (False, True):
         yield (f"append k/v paged={paged}", _append_kv_kernel,

@@ -52,6 +52,10 @@ def stub_kernels() -> None:
     gluon_bwd._dq_listed_kernel = _NoLaunch()
     gluon_bwd_wide._dkdv_wide_kernel = _NoLaunch()
     bwd._bwd_preprocess = _NoLaunch()  # the five-product backward's (hopper._RowStats.preprocess)
+    fused = hopper._fused_module()  # (d64, and causal d128 since session 33)
+    fused._dkdv_dq_kernel = _NoLaunch()
+    fused._dq_convert = _NoLaunch()
+    fused._dkdv_parts_convert = _NoLaunch()
     hopper.sm_count = lambda device: 132  # an H200's, for the persistent forward's grid
 
 

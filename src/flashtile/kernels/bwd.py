@@ -20,13 +20,13 @@ PREPROCESS_ROWS = 64  # rows of D per _bwd_preprocess program (a divisor of hopp
 
 @triton.jit
 def _bwd_preprocess(
-    Out, DO, DLSE, Delta, Cu_seqlens_q, LSE, LSE2,
+    Out, DO, DLSE, Delta, Cu_seqlens_q, LSE, LSE2, DqSum, Counter,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_lb, stride_lh, stride_padded,
     num_heads_q, seqlen_q, num_m_blocks,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PADDED: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PADDED: tl.constexpr, DQ_SUM_WIDTH: tl.constexpr,
 ):
     """D = rowsum(dO ∘ O) − dLSE for BLOCK_M rows of one (batch, head).
 
@@ -35,6 +35,10 @@ def _bwd_preprocess(
     (B·Hq, stride_padded) rows and the grid covers every padded row: rows past the end and
     rows that saw no key (LSE = −inf) get LSE·log2(e) = +inf, so their P is exactly 0, and
     D = 0 past the end. One launch instead of the six small torch operations that built them.
+
+    With DQ_SUM_WIDTH > 0 (PADDED only) the same rows of the five-product backward's float32 dQ
+    sum, (B·Hq·stride_padded, DQ_SUM_WIDTH), are zeroed too, and program 0 zeroes Counter (its
+    dynamic scheduler's int32, or None): the launches of two fills fewer before that kernel.
     """
     pid = tl.program_id(0)
     block_m = pid % num_m_blocks
@@ -63,6 +67,13 @@ def _bwd_preprocess(
         lse = tl.load(LSE + row_base + offs_m, mask=inside, other=float("-inf"))
         tl.store(LSE2 + padded, tl.where(lse == float("-inf"), float("inf"), lse * LOG2E))
         tl.store(Delta + padded, delta)
+        if DQ_SUM_WIDTH > 0:
+            cols = tl.arange(0, DQ_SUM_WIDTH)
+            tl.store(DqSum + padded[:, None] * DQ_SUM_WIDTH + cols[None, :],
+                     tl.zeros([BLOCK_M, DQ_SUM_WIDTH], dtype=tl.float32))
+            if Counter is not None:
+                if pid == 0:
+                    tl.store(Counter, 0)
     else:
         tl.store(Delta + row_base + offs_m, delta, mask=inside)
 

@@ -1196,9 +1196,10 @@ class _RowStats:
                 *out.stride()[:3], *dout.stride()[:3], lse.stride(0), lse.stride(1), out.shape[3])
         return args, dict(ROW_STATS=True, HAS_DLSE=dlse is not None)
 
-    def preprocess(self) -> None:
+    def preprocess(self, dq_sum: torch.Tensor | None = None, counter: torch.Tensor | None = None) -> None:
         """Fill lse2 and delta with one launch of bwd._bwd_preprocess, for kernels that read them
-        as they are."""
+        as they are; the same launch zeroes ``dq_sum`` (the five-product backward's float32 (B·Hq·S_pad,
+        width) rows) and ``counter`` (its dynamic scheduler's int32) where given."""
         out, lse = self.out, self.lse
         batch, heads_q, seqlen_q, _ = out.shape
         s_pad = self.lse2.shape[1]
@@ -1206,9 +1207,11 @@ class _RowStats:
         fast_launch.launch(
             bwd._bwd_preprocess, (num_m_pre * batch * heads_q,),
             out, self.dout, self.dlse if self.dlse is not None else lse, self.delta, lse, lse, self.lse2,
+            dq_sum, counter,
             *out.stride(), *self.dout.stride(), lse.stride(0), lse.stride(1), s_pad, heads_q, seqlen_q, num_m_pre,
             HEAD_DIM=out.shape[3], HEAD_DIM_PADDED=padded_head_dim(out.shape[3]),
             BLOCK_M=bwd.PREPROCESS_ROWS, HAS_DLSE=self.dlse is not None, IS_VARLEN=False, PADDED=True,
+            DQ_SUM_WIDTH=0 if dq_sum is None else dq_sum.shape[1],
         )
 
 
@@ -1293,11 +1296,10 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     split = _takes_tail_split(q, causal, programs, group * cdiv(seqlen_q, block_m))
     persistent = split is None and fused_persistent(head_dim, causal, group * seqlen_q)
     dynamic = persistent and fused_dynamic(causal)
-    dq_acc = torch.zeros(batch * heads_q * s_pad, head_dim, dtype=torch.float32, device=q.device)
-    # (persistent programs on the dynamic scheduler: a counter of their own, zeroed for each launch,
-    # as the forward's; session 32 timed it as an int32 in an extra row of the zeroed sum, whose
-    # calls through autograd took 160-235 µs more host time, see FUSED_DYNAMIC)
-    counter = torch.zeros(1, dtype=torch.int32, device=q.device) if dynamic else None
+    # The dQ sum and (persistent programs on the dynamic scheduler) its counter, both zeroed by the
+    # preprocess below: two fills' launches fewer on the host path, which bounds the short calls.
+    dq_acc = torch.empty(batch * heads_q * s_pad, head_dim, dtype=torch.float32, device=q.device)
+    counter = torch.empty(1, dtype=torch.int32, device=q.device) if dynamic else None
     box = (block_m, head_dim // 2)
     dq_acc_desc = _descriptor(dq_acc, box, _sum_layout(box, dq_sum_swizzle()))
     # Each program streams its group's Q and dO (2-byte inputs) and adds into the dQ sum's rows
@@ -1305,7 +1307,7 @@ def _fused_backward(q, k, v, dout, stats, softmax_scale, causal, dq, dk, dv, hea
     # (session 20, attempt 52: at d128 causal 16k one head a group was 2.6% faster than two).
     heads_per_group = causal_heads_per_group(causal, batch * heads_kv, seqlen_q, head_dim, q.element_size(),
                                              streams_for=2 * group)
-    stats.preprocess()
+    stats.preprocess(dq_acc, counter)
     by_ptx = not _gluon_common().HAS_TMA_REDUCE
     check = None
     if by_ptx:  # the reduction is a TMA store, rewritten as the kernel builds

@@ -332,11 +332,11 @@ def attention_backward_triton(
     num_m_pre = cdiv(seqlen_q, PREPROCESS_ROWS)
     fast_launch.launch(
         _bwd_preprocess, (num_m_pre * batch * heads_q,),
-        out, dout, dlse if dlse is not None else delta, delta, cu_q, lse, delta,
+        out, dout, dlse if dlse is not None else delta, delta, cu_q, lse, delta, None, None,
         *_batch_stride(out, varlen), *_batch_stride(dout, varlen), *lse_strides, 0,
         heads_q, seqlen_q, num_m_pre,
         HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=dlse is not None,
-        IS_VARLEN=varlen is not None, PADDED=False,
+        IS_VARLEN=varlen is not None, PADDED=False, DQ_SUM_WIDTH=0,
     )
 
     use_tma = tma.wanted(varlen, q, k, v, dout)
