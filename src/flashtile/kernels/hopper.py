@@ -432,7 +432,7 @@ SKIP_END_MEETING_SWITCH = "FLASHTILE_GLUON_BWD_SKIP_END_MEETING"
 # rounds, the settings' order rotated, on this tree (the counter an int32 of its own) and on 620bcbc's
 # (the counter an extra row of the zeroed dQ sum): host µs a call dynamic / turns / tile / seven at
 # d128 829 / 926 / 933 / 765 here and 780 / 676 / 841 / 751 there, at d64 740 / 653 / 800 / 705 and
-# 672 / 725 / 735 / 585, the process's CPU time within 4% of each; the dynamic d128 call was the
+# 672 / 725 / 735 / 585, the process's CPU time 89-100% of each; the dynamic d128 call was the
 # fastest through do_bench in both (0.859 and 0.753 ms; a program per key tile 1.042 and 0.889). So
 # no host cost of the counter's: the host of that lease was slow throughout (autograd's own floor, a
 # Function returning ready gradients, 95-161 µs a call). On for causal calls.
