@@ -523,7 +523,8 @@ def _recorded_forward_launches(monkeypatch) -> list:
 
 def _stubbed_fused_backward(monkeypatch) -> list:
     """The host side of the five-product backward with its kernels stubbed: FLASHTILE_GLUON_BWD_FUSED=1,
-    Gluon's TMA reduction (no PTX rewrite to check), no preprocess; returns the list its kernels'
+    Gluon's TMA reduction (no PTX rewrite to check), a preprocess that only zeroes the dQ sum and the
+    counter (_zeroing_preprocess); returns the list its kernels'
     launches go to ((name, grid, args, constexprs), as _RecordLaunch records them)."""
     gluon_bwd_fused = hopper._fused_module()
     monkeypatch.setenv("FLASHTILE_GLUON_BWD_FUSED", "1")

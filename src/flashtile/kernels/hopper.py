@@ -466,9 +466,8 @@ def fused_persistent(head_dim: int, causal: bool, rows: int) -> bool:
     the ``rows`` a key tile streams (query heads of a kv head × Sq) do not pass; else
     FLASHTILE_GLUON_BWD_PERSISTENT's 1 or 0 (a tail split, FLASHTILE_GLUON_BWD_TAIL, still runs a
     program per key tile or part: _fused_backward). An entry of None: at any length."""
-    key = (head_dim, causal)
-    limit = FUSED_PERSISTENT_MAX_ROWS.get(key, 0)
-    return switched(FUSED_PERSISTENT_SWITCH, key in FUSED_PERSISTENT_MAX_ROWS and (limit is None or rows <= limit))
+    limit = FUSED_PERSISTENT_MAX_ROWS.get((head_dim, causal), 0)  # (no entry: no key tile streams 0 rows)
+    return switched(FUSED_PERSISTENT_SWITCH, limit is None or rows <= limit)
 
 
 def fused_skip_end_meeting() -> bool:
