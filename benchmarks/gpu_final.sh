@@ -778,7 +778,7 @@ case ${1:-tests} in
       --providers flashtile sdpa-cudnn sdpa-flash flex --json "$OUT/bench-targets.json" > "$OUT/bench-targets.log" 2>&1
     step timeout 150 python3 -m flashtile bench --headdims 64 128 256 --seqlens 1k --rounds 3 \
       --providers flashtile sdpa-flash sdpa-cudnn --json "$OUT/bench-1k.json" > "$OUT/bench-1k.log" 2>&1
-    cat "$OUT/gpu.txt"; tail -2 "$OUT/tests-zeroes.log" "$OUT/tests-zeroes-preprocess.log"
+    cat "$OUT/gpu.txt"; tail -n 2 "$OUT/tests-zeroes.log" "$OUT/tests-zeroes-preprocess.log"
     grep "^== \|medians\|floor\|preprocess\|Fill" "$OUT/api-backward.log"
     grep "│" "$OUT/bench-targets.log" | head -12; grep "│" "$OUT/bench-1k.log" | head -14; cat "$OUT/times.txt" ;;
   targets)
