@@ -18,31 +18,18 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from timing import graph_ms  # noqa: E402
+from fused_program_cost import backward_ms  # (beside this file)
 
-from flashtile.kernels import hopper  # noqa: E402
+from flashtile.kernels import hopper
 
 # (head dim, batch, heads): the bench's shape, then one of whole rounds
 SHAPES = [(64, 16, 32), (64, 15, 33), (128, 16, 16), (128, 12, 22)]
 SEQLEN = 1024
 KEY_TILE = 128
-
-
-def backward_ms(head_dim: int, batch: int, heads: int) -> float:
-    q, k, v = (torch.randn(batch, heads, SEQLEN, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    scale = head_dim ** -0.5
-    out = torch.empty_like(q)
-    lse = hopper.forward(q, k, v, out, scale, False)
-    dout = torch.randn_like(q)
-    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    return graph_ms(lambda: hopper.backward(q, k, v, out, dout, lse, None, scale, False, dq, dk, dv))
 
 
 def main() -> None:
@@ -56,7 +43,8 @@ def main() -> None:
     times = {shape: [] for shape in SHAPES}
     for _ in range(args.rounds):
         for shape in SHAPES:
-            times[shape].append(backward_ms(*shape))
+            head_dim, batch, heads = shape
+            times[shape].append(backward_ms(batch, heads, SEQLEN, SEQLEN, head_dim))
     for head_dim, batch, heads in SHAPES:
         ms = statistics.median(times[head_dim, batch, heads])
         items = batch * heads * (SEQLEN // KEY_TILE)
